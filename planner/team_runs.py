@@ -90,6 +90,13 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         if case is None:
             if why == "layout not published":
                 why = "a run with no layout: give parallel.tp, parallel.pp and batch.micro_batch_size"
+            if why == "mixture of experts without its expert fields":  # case_of's words, naming no key
+                ep = (row.get("parallel") or {}).get("ep")
+                key = "model.moe.num_experts" if (row["model"].get("moe") or not isinstance(ep, int)) \
+                    else "parallel.ep"
+                said = "missing" if key == "model.moe.num_experts" else f"{ep} on a model that states no experts"
+                raise CaseError(source, f"{name}.{key}", f"{said}: expected the experts' count, "
+                                "model.moe.num_experts, for a run with experts or expert parallelism")
             if why == "not a supported row":
                 key, expected = unsupported(row)
                 raise CaseError(source, f"{name}.{key}", expected)

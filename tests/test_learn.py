@@ -415,6 +415,17 @@ def test_a_team_runs_framework_a_letter_off_an_engines_name_is_refused(framework
         runs_from_rows([published_row(framework=framework)], "runs.yaml")
 
 
+@pytest.mark.parametrize("changes, key", [
+    # An expert-parallel degree on a dense model, or a moe section without its experts' count, was refused
+    # as "team-run-1: mixture of experts without its expert fields", naming no key.
+    ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1, "ep": 2}}, "parallel.ep"),
+    ({"model__moe": {"top_k": 2}}, "model.moe.num_experts"),
+])
+def test_a_team_run_with_experts_but_no_expert_count_is_refused_naming_the_key(changes, key):
+    with pytest.raises(CaseError, match=rf"runs\.yaml: team-run-1\.{re.escape(key)}: .*model\.moe\.num_experts"):
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+
+
 def test_the_api_refuses_a_run_given_twice_as_the_cli_does(tmp_path):
     import planner
 
