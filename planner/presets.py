@@ -89,5 +89,8 @@ def closest(name: str, choices) -> str:
     spelled = MOE_SPELLINGS.get(str(name).lower())
     if spelled is not None and spelled in choices:
         return f" (the case file spells it {spelled!r})"
-    match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.75)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+    # Compared in lower case: the keys are all lower case, and a key typed in another case ('EP',
+    # 'eTp') is otherwise nearer a shorter key it merely shares letters with ('ep' for 'eTp'), or none.
+    by_lower = {str(choice).lower(): choice for choice in reversed(list(choices))}
+    match = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.75)
+    return f" (did you mean {by_lower[match[0]]!r}?)" if match else ""

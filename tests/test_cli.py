@@ -71,6 +71,9 @@ def test_a_layout_that_does_not_fit_names_the_term_and_a_remedy(tmp_path):
 
 @pytest.mark.parametrize("mutate, key, expected", [
     (lambda c: c["model"].update(hiden_size=4096), "model.hiden_size", "did you mean 'hidden_size'"),
+    # A key in the wrong case is suggested in the right one, not as a shorter key sharing letters.
+    (lambda c: c["layout"].update(eTp=1), "layout.eTp", "did you mean 'etp'"),
+    (lambda c: c["layout"].update(EP=1), "layout.EP", "did you mean 'ep'"),
     (lambda c: c["cluster"].update(memory=80), "cluster.memory", "with a unit"),
     (lambda c: c["layout"].update(tp=True), "layout.tp", "expected an integer"),
     (lambda c: c["layout"].update(tp=3), "layout.tp", "must divide"),
