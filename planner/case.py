@@ -261,6 +261,8 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
         if section not in data:
             raise CaseError(src, section, "missing section")
     model = _model(src, data["model"], base)
+    # `size` passes one unit of a GPU type, not the cluster it sizes: no pin is held to its count.
+    sized = cluster is not None
     cluster = cluster or _cluster(src, data["cluster"], base)
     training = _training(src, data["training"])
     if not model.is_moe:  # the experts' settings, on a model with none, would go unread
@@ -281,7 +283,8 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     overheads = _overheads(src, data.get("overheads", {}), _overheads(profile[0], profile[1].get("overheads"))
                            if profile else Overheads())
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
-    search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
+    search = read_search(src, data.get("search"), training, model,
+                         None if sized else cluster.num_gpus)  # a bad search key fails `estimate` as `plan`
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
     check_fitted_figures_kept(src, cluster_key, entry_of(data["cluster"]), fitted)
     entry = entry_of(data["cluster"])

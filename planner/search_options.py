@@ -144,9 +144,11 @@ def check_training_for_engine(src: str, spec: SearchSpec, training: TrainingSpec
         raise CaseError(src, "search.recompute_modules", f"{spec.target} {support.modules_refusal('a search')}")
 
 
-def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[ModelSpec] = None) -> SearchSpec:
+def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[ModelSpec] = None,
+                num_gpus: Optional[int] = None) -> SearchSpec:
     """The ``search`` section, for a case whose ``training`` has already taken the target
-    (:func:`training_for_target`) and whose ``model`` a pinned module set is checked against."""
+    (:func:`training_for_target`) and whose ``model`` a pinned module set (and whose cluster's
+    ``num_gpus`` a pinned expert grid) is checked against."""
     data = read_mapping(src, "search", data if data is not None else {}, SEARCH_KEYS)
     target = training.engine.name
     values: dict[str, Any] = {"target": target,
@@ -169,6 +171,8 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
             if pins.get(name, 1) > 1 or (bounds.get(name, (None, None))[0] or 1) > 1:
                 raise CaseError(src, f"search.{name}" if name in pins else f"search.min_{name}",
                                 "expert parallelism needs a mixture of experts (model.num_experts)")
+    if model is not None and model.is_moe:
+        _check_expert_pins(src, pins, model, num_gpus)
     spec = SearchSpec(pins=pins, bounds=bounds, **values)
     if target != "any":  # a case that names no engine is checked for each engine plan decides between (retarget)
         check_training_for_engine(src, spec, training)
@@ -177,6 +181,23 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
         if refusals:
             raise CaseError(src, "search.recompute_modules", f"{target} cannot run it: {refusals[0]}")
     return spec
+
+
+def _check_expert_pins(src: str, pins: dict[str, Any], model: ModelSpec, num_gpus: Optional[int]) -> None:
+    """A pinned ep or etp no layout of the model can take is the case's error, named as
+    ``layout.ep`` is (cost_models.job's checks: ep divides the experts, etp the expert width, the
+    grid etp·ep folds over tp·cp·dp and so divides the GPUs), not the search's "no layout meets
+    the search section's ep"."""
+    ep = pins.get("ep")
+    if ep is not None and model.num_experts % ep:
+        raise CaseError(src, "search.ep", f"must divide num_experts {model.num_experts}, got {ep}")
+    etp = pins.get("etp")
+    if etp is not None and model.moe_ffn_hidden_size % etp:
+        raise CaseError(src, "search.etp", f"must divide moe_ffn_hidden_size {model.moe_ffn_hidden_size}, got {etp}")
+    if num_gpus is not None and (ep or etp) and num_gpus % ((ep or 1) * (etp or 1)):
+        raise CaseError(src, "search.ep" if ep else "search.etp",
+                        f"etp·ep = {etp or 1}·{ep or 1} must divide the cluster's {num_gpus} GPUs (the expert "
+                        "grid folds over the same GPUs as tp·cp·dp)")
 
 
 def _check_pins_agree(src: str, pins: dict[str, Any], bounds: dict[str, tuple]) -> None:

@@ -223,6 +223,22 @@ def test_expert_layouts_the_model_cannot_take_are_case_errors(layout, key):
     assert info.value.key == key
 
 
+@pytest.mark.parametrize("pins,key,needle", [
+    ({"ep": 3}, "search.ep", "must divide num_experts 8, got 3"),
+    ({"ep": 16}, "search.ep", "must divide num_experts 8, got 16"),
+    ({"ep": 2, "etp": 3}, "search.etp", "must divide moe_ffn_hidden_size 14336, got 3"),
+    ({"ep": 8, "etp": 2}, "search.ep", "etp·ep = 2·8 must divide the cluster's 8 GPUs"),
+])
+def test_expert_pins_the_model_cannot_take_name_the_pin(pins, key, needle):
+    """As layout.ep is refused (cost_models.job), not "search: no layout ... meets the search
+    section's ep", which names neither the pin's key nor what it must be."""
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "search": pins}
+    with pytest.raises(CaseError) as info:
+        planner.plan(case)
+    assert info.value.key == key and needle in str(info.value)
+
+
 def test_expert_parallelism_needs_experts():
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
             "training": {"global_batch_size": 64, "seq_len": 4096}, "layout": {"ep": 2}}
