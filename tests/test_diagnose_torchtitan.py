@@ -941,6 +941,12 @@ def test_overrides_on_torchtitans_own_base_config_refuse_the_mtp_layers_it_does_
     ("qwen3-235b-a22b", "bf16", "--module qwen3 --config qwen3_30b_a3b", "builds torchtitan's 30B-A3B model"),
     # llama3_405b's model spec converts every linear but lm_head to fp8 (Float8LinearConverter).
     ("llama3.1-405b", "bf16", "--module llama3 --config llama3_405b", "Float8LinearConverter"),
+    # The stand-ins the planner's files name for models torchtitan ships no config for (emit.DEFAULT_MOE_BASE,
+    # DEFAULT_BASE): their flavour was taken for the case's, so Mixtral's job (training Qwen3-30B-A3B) and
+    # Mistral's (Llama 3 8B) were priced as the case's model.
+    ("mixtral-8x7b", "bf16", "--module qwen3 --config qwen3_30b_a3b",
+     "builds torchtitan's 30B-A3B model (its model spec, which no override changes), not the case's Mixtral 8x7B"),
+    ("mistral-7b", "bf16", "--module llama3 --config llama3_8b", "which no torchtitan config builds"),
 ])
 def test_a_base_config_that_builds_another_model_or_precision_is_refused(tmp_path, preset, precision, words, said):
     """The overrides' base config builds its own model spec, which no override changes: diagnose

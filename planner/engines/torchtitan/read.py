@@ -42,7 +42,7 @@ from planner.inputs import read_text
 from planner.limits import MAX_INT
 
 from .base_config import WHOLE_LOGITS, NotLiteral, read_base
-from .emit import BASE_CONVERTERS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE, base_flavor, model_flavor
+from .emit import BASE_CONVERTERS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE, base_config, base_flavor, model_flavor
 
 # The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
 # (config/configs.py): tyro refuses any other option in these sections, so the launch would not start.
@@ -1369,6 +1369,14 @@ def _default_split(case, layout: Layout) -> bool:
         return False
 
 
+def _shape(model) -> str:
+    """The shape emit's tables match a model by (emit._base), in words."""
+    words = f"{model.num_layers} layers, hidden {model.hidden_size}"
+    if model.is_moe:
+        return words + f", {model.num_experts} experts, top-{model.moe_top_k}, {model.moe_ffn_hidden_size} wide"
+    return words + f", {model.num_attention_heads} heads, ffn {model.ffn_hidden_size}"
+
+
 def _check_base_model(s: _Settings, case) -> None:
     """What a base config's model spec builds, which no command-line override changes: torchtitan's
     model flavour (``model_registry(flavor)`` in its config function: qwen3_30b_a3b builds the 48-layer
@@ -1382,6 +1390,15 @@ def _check_base_model(s: _Settings, case) -> None:
     if function is None or (base.get("--module"), function) == (CONFIG_MODULE, CONFIG_FUNCTION):
         return
     built, planned = base_flavor(function), model_flavor(case.model)
+    if built is not None and not base_config(case.model)[1]:
+        # The planner's files name this base as a stand-in for a model torchtitan ships no config for
+        # (emit.DEFAULT_MOE_BASE, DEFAULT_BASE): its flavour is the stand-in's, so the job trains the
+        # stand-in's model, which the comparison below took for the case's (Mixtral on qwen3_30b_a3b).
+        raise CaseError(s.src, "--config", f"{one_line(function, 60)} builds torchtitan's {built} model (its model "
+                                           "spec, which no override changes), not the case's "
+                                           f"{one_line(case.model.name, 60)} ({_shape(case.model)}), which no "
+                                           "torchtitan config builds: the job trains another model; point --module "
+                                           "and --config at a config registry function that builds the case's")
     if built is not None and built != planned:
         raise CaseError(s.src, "--config", f"{one_line(function, 60)} builds torchtitan's {built} model (its model "
                                            "spec, which no override changes), not the case's "
