@@ -1070,6 +1070,23 @@ def test_an_edit_to_the_model_the_config_module_rebuilds_is_refused_naming_it(tm
     assert needle in refused.value.expected
 
 
+def test_an_edit_to_the_config_module_between_two_diagnoses_is_read(tmp_path, own_files):
+    """The reader kept one launch script's settings by the script's text alone: MTP_LAYERS = 0 written
+    into torchtitan_config.py after a first diagnose of its launch.sh was not read, and the second
+    diagnose (the Python API's, in one process) priced the unedited job again instead of refusing it."""
+    _, launch = own_files["deepseek_v3"]
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in launch.parent.iterdir():
+        (copy / path.name).write_text(path.read_text())
+    diagnose(OWN_MODEL_CASES["deepseek_v3"], torchtitan=copy / "launch.sh")
+    config = copy / "torchtitan_config.py"
+    config.write_text(config.read_text().replace("MTP_LAYERS = 1", "MTP_LAYERS = 0"))
+    with pytest.raises(CaseError) as refused:
+        diagnose(OWN_MODEL_CASES["deepseek_v3"], torchtitan=copy / "launch.sh")
+    assert refused.value.key == "MTP_LAYERS"
+
+
 def test_the_cli_refuses_a_config_module_that_drops_the_mtp_layer_in_one_line(tmp_path, own_files):
     _, launch = own_files["deepseek_v3"]
     copy = tmp_path / "run"

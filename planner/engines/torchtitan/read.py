@@ -244,6 +244,7 @@ class _Settings:
     # The planner's own config module's model names (base_config.MODEL_NAMES) where the job runs it; None
     # on torchtitan's own base configs, whose model spec _check_base_model reads.
     own_model: Optional[dict[str, Any]] = None
+    job_file: Optional[str] = None  # the TOML job file a torchtitan 0.2 launch names (--job.config_file)
 
     def name(self, key: str) -> str:
         """How the file states ``key``: the option's words or the TOML key."""
@@ -353,16 +354,32 @@ MAX_TOML_NESTING = 100
 
 def _load(path: Path) -> _Settings:
     """The file's settings, as TOML (a ``.toml`` file, or text TOML reads) or as command-line words.
-    Read once a file (diagnose asks for the layout, the training settings and the notes)."""
+    Read once a file (diagnose asks for the layout, the training settings and the notes), and again
+    where a file the settings came from besides it has changed: the config module beside a launch
+    script, a base config, a job file (an edit to torchtitan_config.py's MODEL_FLAVOR between two
+    diagnoses of one launch.sh was read as the first)."""
     text = read_text(path)
     key = (str(path), text)
-    if key not in _LOADED:
+    found = _LOADED.get(key)
+    if found is None or found[1] != _texts(found[0]):
         _LOADED.clear()
-        _LOADED[key] = _parse(path, text)
-    return _LOADED[key]
+        settings = _parse(path, text)
+        _LOADED[key] = found = (settings, _texts(settings))
+    return found[0]
 
 
-_LOADED: dict[tuple[str, str], _Settings] = {}
+def _texts(s: _Settings) -> tuple[Optional[bytes], ...]:
+    """The bytes of the other files ``s`` was read from, as they are now (None: gone or unreadable)."""
+    out = []
+    for other in (s.base_source, s.job_file):
+        try:
+            out.append(Path(other).read_bytes() if other else None)
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+_LOADED: dict[tuple[str, str], tuple[_Settings, tuple[Optional[bytes], ...]]] = {}
 
 
 def _given_twice(text: str, error: str) -> tuple[str, str] | None:
@@ -642,7 +659,7 @@ def _with_job_file(src: str, words: list[str], torchrun, notes: tuple[str, ...],
         said.append(f"{src}: the job file's path is {', '.join(taken)}'s default ({given}): the script does not set "
                     f"{'it' if len(taken) == 1 else 'them'}, so a caller that exports another reads another file")
     return _Settings(src, values, cli=False, ac_mode=mode, ac_option=option, torchrun=torchrun,
-                     script_notes=(*notes, *said))
+                     script_notes=(*notes, *said), job_file=str(path))
 
 
 def _job_overrides(src: str, words: list[str]) -> dict[str, Any]:
