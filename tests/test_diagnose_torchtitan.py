@@ -1020,6 +1020,9 @@ OWN_MODEL_EDITS = {
     "fp8_precompute": ("llama3_8b_fp8", "'filter_fqns': ['lm_head']",
                        "'filter_fqns': ['lm_head'], 'precompute_float8_dynamic_scale_for_fsdp': True", "CONVERTERS",
                        "has no field 'precompute_float8_dynamic_scale_for_fsdp'"),
+    # The job trains torchtitan's 235B-A22B (model_registry's flavour): it was priced as the case's 30B-A3B.
+    "other_flavor": ("qwen3_moe_fp8", "MODEL_FLAVOR = '30B-A3B'", "MODEL_FLAVOR = '235B-A22B'", "MODEL_FLAVOR",
+                     "apply_layout rebuilds torchtitan.models.qwen3's 235B-A22B model, not the case's Qwen3-30B-A3B"),
     # An annotated assignment binds the name as a plain one does: it was read as absent.
     "mtp_annotated": ("deepseek_v3", "MTP_LAYERS = 1", "MTP_LAYERS: int = 0", "MTP_LAYERS",
                       "0: apply_layout rebuilds the model with no multi-token prediction layers, but the case"),
@@ -1068,6 +1071,26 @@ def test_an_edit_to_the_model_the_config_module_rebuilds_is_refused_naming_it(tm
         diagnose(OWN_MODEL_CASES[case_label], torchtitan=copy / "launch.sh")
     assert (refused.value.source, refused.value.key) == (str(copy / "torchtitan_config.py"), key)
     assert needle in refused.value.expected
+
+
+def test_the_stand_in_model_of_a_model_torchtitan_lacks_is_refused_until_pointed_at_it(tmp_path):
+    """Mixtral's files rebuild Qwen3-30B-A3B as a stand-in (emit.DEFAULT_MOE_BASE; plan says so), so the
+    unedited job trains Qwen3-30B-A3B: diagnose priced it as Mixtral, identical to the plan. Pointed at
+    a registry of the user's own, it reads as planned."""
+    case = case_of("mixtral-8x7b", 16, 64, 4096)
+    best = planner.plan({**case, "search": {"target": "torchtitan"}}, top_k=0).best
+    written = planner.emit(best, "torchtitan", tmp_path / "run")
+    launch = next(p for p in written.paths if p.name == "launch.sh")
+    with pytest.raises(CaseError) as refused:
+        diagnose(case, torchtitan=launch)
+    assert refused.value.key == "MODEL_FLAVOR"
+    assert ("rebuilds torchtitan.models.qwen3's 30B-A3B model, not the case's Mixtral 8x7B (32 layers, hidden 4096, "
+            "8 experts, top-2, 14336 wide), which no torchtitan flavour builds") in refused.value.expected
+    config = launch.parent / "torchtitan_config.py"
+    config.write_text(config.read_text().replace("MODEL_REGISTRY = 'torchtitan.models.qwen3'",
+                                                 "MODEL_REGISTRY = 'my_models.mixtral'")
+                      .replace("MODEL_FLAVOR = '30B-A3B'", "MODEL_FLAVOR = '8x7B'"))
+    assert diagnose(case, torchtitan=launch).estimate.step_time_s == best.step_time_s
 
 
 def test_an_edit_to_the_config_module_between_two_diagnoses_is_read(tmp_path, own_files):

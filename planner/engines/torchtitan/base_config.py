@@ -48,8 +48,9 @@ class NotLiteral:
 
 
 # The names of the planner's config module that apply_layout rebuilds the model spec with
-# (emit._config_module: model_registry(MODEL_FLAVOR, converters=converters(), num_mtp_layers=MTP_LAYERS)).
-MODEL_NAMES = ("MTP_LAYERS", "CONVERTERS")
+# (emit._config_module: MODEL_REGISTRY's model_registry(MODEL_FLAVOR, converters=converters(),
+# num_mtp_layers=MTP_LAYERS)).
+MODEL_NAMES = ("MTP_LAYERS", "CONVERTERS", "MODEL_REGISTRY", "MODEL_FLAVOR")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from planner.inputs import read_text
 from planner.limits import MAX_INT
 
 from .base_config import WHOLE_LOGITS, NotLiteral, read_base
-from .emit import BASE_CONVERTERS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE, base_config, base_flavor, model_flavor
+from .emit import (BASE_CONFIGS, BASE_CONVERTERS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE, MOE_BASE_CONFIGS,
+                   base_config, base_flavor, model_flavor)
 
 # The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
 # (config/configs.py): tyro refuses any other option in these sections, so the launch would not start.
@@ -1437,6 +1438,27 @@ def _check_base_model(s: _Settings, case) -> None:
                                            "(training.precision)")
 
 
+def _check_own_flavor(src: str, names: dict[str, Any], case) -> None:
+    """MODEL_REGISTRY and MODEL_FLAVOR, from which apply_layout rebuilds the model: where they name one
+    of torchtitan's own flavours (emit's tables), it must be the case's model, as a base config's is
+    (:func:`_check_base_model`); the stand-in the emitter writes for a model torchtitan ships no config
+    for (Qwen3-30B-A3B for Mixtral) trains that flavour until the user points them at the model. A
+    registry or flavour of the user's own is theirs to match, as before."""
+    registry, flavor = names.get("MODEL_REGISTRY"), names.get("MODEL_FLAVOR")
+    table = list(BASE_CONFIGS.values()) + list(MOE_BASE_CONFIGS.values())
+    if not any(registry == f"torchtitan.models.{module}" and flavor == built for module, _, built in table):
+        return
+    (module, _), exact = base_config(case.model)
+    planned = model_flavor(case.model)
+    if exact and (registry, flavor) == (f"torchtitan.models.{module}", planned):
+        return
+    whose = (f"the case's {one_line(case.model.name, 60)} ({_shape(case.model)}), which no torchtitan flavour "
+             "builds" if not exact else f"the case's {one_line(case.model.name, 60)} ({planned})")
+    raise CaseError(src, "MODEL_FLAVOR", f"{one_line(flavor, 40)!r}: apply_layout rebuilds {registry}'s {flavor} "
+                                         f"model, not {whose}: the job trains another model; point MODEL_REGISTRY "
+                                         "and MODEL_FLAVOR at the case's")
+
+
 def _check_own_model(s: _Settings, case) -> None:
     """What the planner's own config module rebuilds the model spec with (apply_layout:
     ``model_registry(MODEL_FLAVOR, converters=converters(), num_mtp_layers=MTP_LAYERS)``), checked against
@@ -1447,6 +1469,7 @@ def _check_own_model(s: _Settings, case) -> None:
     if s.own_model is None or s.base_source is None:
         return
     src, model, training = s.base_source, case.model, case.training
+    _check_own_flavor(src, s.own_model, case)
     mtp = s.own_model.get("MTP_LAYERS")
     if isinstance(mtp, bool) or not isinstance(mtp, int) or not 0 <= mtp <= MAX_INT:
         said = (f"not a literal ({one_line(mtp.text, 40)})" if isinstance(mtp, NotLiteral) else
