@@ -42,62 +42,78 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 import torchtitan.components.loss as L
 
-B, S, H, V, N = SHAPE
-torch.manual_seed(0)
-lm_head = torch.nn.Linear(H, V, bias=False)
-fully_shard(lm_head, mesh=init_device_mesh("cpu", (1,)),
-            mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-wrapper = L.ChunkedLossWrapper(L.ChunkedLossWrapper.Config(num_chunks=N,
-                                                          loss_fn=L.CrossEntropyLoss.Config(global_vocab_size=V)))
-wrapper.set_lm_head(lm_head)
-param = lm_head._get_fsdp_state()._fsdp_param_group.fsdp_params[0]
-seen = {"logits": [], "head_grad": [], "accumulator": []}
-inner = wrapper.loss_fn
-def spy(logits, labels, *args, **kwargs):
-    g = param.unsharded_accumulated_grad
-    seen["logits"].append([list(logits.shape), str(logits.dtype)])
-    seen["head_grad"].append(None if g is None else [g.numel(), str(g.dtype)])
-    return inner(logits, labels, *args, **kwargs)
-wrapper.loss_fn = spy
+# Each shape in turn in the one process (its start-up, torch's and torchtitan's imports, is most of the
+# run): every measure below is of the tensors this call makes, its own wrapper, head, tallies and spies.
 init = L.GradAccumulator.__init__
+made = []
 def record(self, *a, **k):
     init(self, *a, **k)
-    seen["accumulator"].append([list(self._buffer.shape), str(self._buffer.dtype)])
+    made.append([list(self._buffer.shape), str(self._buffer.dtype)])
 L.GradAccumulator.__init__ = record
 
-from tests.live_bytes import SizedBytes as Bytes
+def run(B, S, H, V, N):
+    gc.collect()
+    made.clear()
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(H, V, bias=False)
+    fully_shard(lm_head, mesh=init_device_mesh("cpu", (1,)),
+                mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    wrapper = L.ChunkedLossWrapper(L.ChunkedLossWrapper.Config(num_chunks=N,
+                                                              loss_fn=L.CrossEntropyLoss.Config(global_vocab_size=V)))
+    wrapper.set_lm_head(lm_head)
+    param = lm_head._get_fsdp_state()._fsdp_param_group.fsdp_params[0]
+    seen = {"logits": [], "head_grad": []}
+    inner = wrapper.loss_fn
+    def spy(logits, labels, *args, **kwargs):
+        g = param.unsharded_accumulated_grad
+        seen["logits"].append([list(logits.shape), str(logits.dtype)])
+        seen["head_grad"].append(None if g is None else [g.numel(), str(g.dtype)])
+        return inner(logits, labels, *args, **kwargs)
+    wrapper.loss_fn = spy
+    from tests.live_bytes import SizedBytes as Bytes
 
-decoder = torch.randn(B, S, H, requires_grad=True)
-hidden = decoder.to(torch.bfloat16) * 1.0
-labels = torch.randint(V, (B, S))
-kept = []
-def pack(t):
-    kept.append(weakref.ref(t)); return t
-head_bytes, logit_bytes = Bytes(V * H), Bytes(B * (S // N) * V)  # the head's tensors, one chunk's logits'
-with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), head_bytes, logit_bytes:
-    loss, _ = wrapper(hidden, labels)
-seen["head_peak_bytes"] = head_bytes.peak
-seen["logit_peak_bytes"] = logit_bytes.peak
-gc.collect()
-alive = {}
-for r in kept:
-    t = r()
-    if t is not None:
-        alive[t.untyped_storage().data_ptr()] = [list(t.shape), str(t.dtype)]
-seen["saved_after"] = list(alive.values())
-loss.backward()
-seen["grad_ok"] = decoder.grad is not None and lm_head.weight.grad is not None
-print(json.dumps(seen))
+    decoder = torch.randn(B, S, H, requires_grad=True)
+    hidden = decoder.to(torch.bfloat16) * 1.0
+    labels = torch.randint(V, (B, S))
+    kept = []
+    def pack(t):
+        kept.append(weakref.ref(t)); return t
+    head_bytes, logit_bytes = Bytes(V * H), Bytes(B * (S // N) * V)  # the head's tensors, one chunk's logits'
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), head_bytes, logit_bytes:
+        loss, _ = wrapper(hidden, labels)
+    seen["head_peak_bytes"] = head_bytes.peak
+    seen["logit_peak_bytes"] = logit_bytes.peak
+    gc.collect()
+    alive = {}
+    for r in kept:
+        t = r()
+        if t is not None:
+            alive[t.untyped_storage().data_ptr()] = [list(t.shape), str(t.dtype)]
+    seen["saved_after"] = list(alive.values())
+    loss.backward()
+    seen["grad_ok"] = decoder.grad is not None and lm_head.weight.grad is not None
+    seen["accumulator"] = list(made)
+    return seen
+
+print(json.dumps([run(*shape) for shape in SHAPES]))
 dist.destroy_process_group()
 ''')
 
 
-def measured(hidden: int = H, chunks: int = N) -> dict:
-    """What the wrapper of ``chunks`` chunks held, over hidden states of width ``hidden``."""
-    script = SCRIPT.replace("SHAPE", repr((B, S, hidden, V, chunks)))
+# The shapes the tests measure: N chunks over width H, and one chunk over a width of 48, which keeps the
+# whole sequence's bf16 logits (2·S·V bytes) off the head's sizes.
+ONE_CHUNK_H = 48
+SHAPES = ((B, S, H, V, N), (B, S, ONE_CHUNK_H, V, 1))
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[tuple[int, int], dict]:
+    """What the wrapper of N chunks held over hidden states of width H, by (H, N): one subprocess for
+    every shape (a start-up each was 7 s of the module's 16)."""
+    script = SCRIPT.replace("SHAPES", repr(SHAPES))
     run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return {(shape[2], shape[4]): seen for shape, seen in zip(SHAPES, json.loads(run.stdout.strip().splitlines()[-1]))}
 
 
 def torchtitan_job(hidden: int, **training):
@@ -109,8 +125,8 @@ def torchtitan_job(hidden: int, **training):
                       "layout": {"dp": 1, "zero_stage": 3, "micro_batch_size": B, "recompute": "none"}}).job()
 
 
-def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
-    seen = measured()
+def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices(measured):
+    seen = measured[H, N]
     assert seen["grad_ok"]
     job = torchtitan_job(H)
     model, lay, training = job.model, job.layout, job.training
@@ -142,13 +158,13 @@ def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
     assert head_activation_bytes(model, training, lay) == norm_input + 2 * (2 * B * S * H)
 
 
-def test_one_chunk_of_torchtitans_wrapper_keeps_no_logits_where_the_loss_on_whole_logits_keeps_them():
+def test_one_chunk_of_torchtitans_wrapper_keeps_no_logits_where_the_loss_on_whole_logits_keeps_them(measured):
     """``--loss.num_chunks 1`` (what ``diagnose`` reads as ``chunked_loss: true``) is still
     ChunkedLossWrapper: one chunk of the whole sequence, run forward and backward inside the forward.
     A hidden width of 48 keeps the whole sequence's bf16 logits (2·S·V bytes) off the head's sizes."""
-    hidden = 48
+    hidden = ONE_CHUNK_H
     assert 2 * S * V not in (2 * V * hidden, 4 * V * hidden)
-    seen = measured(hidden, 1)
+    seen = measured[hidden, 1]
     assert seen["grad_ok"]
     job = torchtitan_job(hidden, loss_chunks=1, chunked_loss=True)
     model, lay, training = job.model, job.layout, job.training
