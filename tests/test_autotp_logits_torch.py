@@ -97,16 +97,23 @@ class TiedModel(PlannedModel):
         super().__init__()
         self.lm_head.weight = self.embed_tokens.weight
 
-def rank_main(rank, port, out):
-    import gc
-
+def imported():
+    """DeepSpeed and what its first initialize imports (torch.optim's and its optimizer check's
+    torch._dynamo and inductor: 5 s of a rank's 8), imported once, before the ranks are forked."""
     # AutoTP's update_linear_policies only compares a layer's class with transformers' GPT2Block.
     gpt2 = types.SimpleNamespace(GPT2Block=type("GPT2Block", (), {}))
     stand_in = types.ModuleType("transformers")
     stand_in.models = types.SimpleNamespace(gpt2=types.SimpleNamespace(modeling_gpt2=gpt2))
     sys.modules.setdefault("transformers", stand_in)
     import deepspeed, deepspeed.ops
+    import torch._dynamo, deepspeed.runtime.zero.utils, deepspeed.runtime.zero.muon.muon_optimizer
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+def rank_main(rank, port, out):
+    import gc
+
+    imported()
+    import deepspeed
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(TP),
                       LOCAL_RANK=str(rank))
     deepspeed.init_distributed(dist_backend="gloo")
@@ -182,7 +189,9 @@ if __name__ == "__main__":
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = sys.argv[1]
-    mp.spawn(rank_main, args=(port, out), nprocs=TP)
+    imported()
+    # Forked, not spawned: the ranks inherit the imports; nothing ran a thread pool or a group before.
+    mp.start_processes(rank_main, args=(port, out), nprocs=TP, start_method="fork")
     print(json.dumps([json.load(open(f"{out}.{rank}")) for rank in range(TP)]))
 ''')
 
