@@ -672,6 +672,8 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
     print_fit(result, console)
     for line in result.warnings():
         print(f"warning: {line}", file=sys.stderr)
+    for line in result.notes:  # what a run left out and was guessed (Run.guessed)
+        print(f"note: {line}", file=sys.stderr)
     # The runs the figures were fitted to, not every run given: one set aside informed none of them.
     console.print(f"wrote {', '.join(str(p) for p in written)} ({result.summary()})", markup=False)
     console.print(how_to_use_profile(written[0]), markup=False)

@@ -91,7 +91,7 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
     coverage of "all" or figures as a list crashed the first plan that left the runs): ``figures``
     maps a figure's name to its ``value``, ``prior`` and ``runs``; ``coverage`` each respect of
     :data:`COVERED` to the values the runs used; ``runs`` the runs' residuals; ``warnings`` what the fit
-    warned of. None where absent."""
+    warned of; ``notes`` what the runs left out and was guessed. None where absent."""
     from .errors import CaseError
     from .fields import describe
 
@@ -100,13 +100,14 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
     if not isinstance(section, dict):
         raise CaseError(src, "fitted", f"expected a mapping (as calibrate --from-runs writes it), got "
                                        f"{describe(section)}")
-    unknown = set(section) - {"figures", "runs", "coverage", "warnings"}
+    unknown = set(section) - {"figures", "runs", "coverage", "warnings", "notes"}
     if unknown:
         raise CaseError(src, f"fitted.{sorted(map(str, unknown))[0]}",
-                        "unknown key; expected figures, runs, coverage, warnings")
-    said = section.get("warnings", [])
-    if not isinstance(said, list) or not all(isinstance(line, str) for line in said):
-        raise CaseError(src, "fitted.warnings", f"expected a list of the fit's warnings, got {describe(said)}")
+                        "unknown key; expected figures, runs, coverage, warnings, notes")
+    for key, what in (("warnings", "the fit's warnings"), ("notes", "what the runs left out and was guessed")):
+        said = section.get(key, [])
+        if not isinstance(said, list) or not all(isinstance(line, str) for line in said):
+            raise CaseError(src, f"fitted.{key}", f"expected a list of {what}, got {describe(said)}")
     figures, cover = section.get("figures", {}), section.get("coverage", {})
     named = _named_values()
     if not isinstance(figures, dict):

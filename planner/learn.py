@@ -386,6 +386,9 @@ class Fit:
     # (run id, "tokens/s" or "peak memory") of each measurement no figure explains, left out of the fit
     # (set_aside): the figures, the runs counted as informing each and the coverage are the other runs'.
     set_aside: tuple[tuple[str, str], ...] = ()
+    # What each run left out and the reading guessed (Run.guessed), one line a fact and run, named as
+    # warnings name a run: figures fitted on a wrong guess are off, and only the run's author knows.
+    notes: tuple[str, ...] = ()
 
     @property
     def values(self) -> dict[str, float]:
@@ -422,7 +425,7 @@ class Fit:
                 "coverage": {k: list(v) for k, v in self.coverage.items()},
                 "fitted_runs": self.fitted_runs(),
                 "set_aside": [{"id": rid, "measure": what} for rid, what in self.set_aside],
-                "warnings": self.warnings()}
+                "warnings": self.warnings(), "notes": list(self.notes)}
 
     def unexplained(self) -> list[tuple[str, str, float]]:
         """(run id, "tokens/s" or "peak memory", predicted / measured) of each run the fitted figures
@@ -664,8 +667,10 @@ def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = N
         residuals = _residuals(runs, hw, priors, values)
     kept = [r for r in runs if any(measured and (r.id, what) not in aside
                                    for what, measured in (("tokens/s", r.tokens_per_s), ("peak memory", r.peak_gib)))]
-    return Fit(hw, tuple(figures), tuple(residuals), coverage(kept), {r.id: r.source for r in runs if r.source},
-               tuple(sorted(aside)))
+    sources = {r.id: r.source for r in runs if r.source}
+    notes = tuple(f"{sources[r.id]}: run {r.id}: {line}" if r.id in sources else f"run {r.id}: {line}"
+                  for r in runs for line in r.guessed)
+    return Fit(hw, tuple(figures), tuple(residuals), coverage(kept), sources, tuple(sorted(aside)), notes)
 
 
 def _fit_figures(runs: Sequence[Run], hw: Hardware, priors: dict[str, float],
@@ -769,6 +774,7 @@ def profile_of(result: Fit, origin: str) -> dict[str, Any]:
             # What calibrate printed as warnings, kept where the profile goes: a run the fit left far off
             # and a figure resting on it alone read nowhere after the terminal scrolled.
             **({"warnings": warnings} if warnings else {}),
+            **({"notes": list(result.notes)} if result.notes else {}),
         },
     }
 

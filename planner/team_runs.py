@@ -45,6 +45,10 @@ class Run:
     # files are fitted together (the first file was named for a run of the second). None: given as a Run,
     # or read from a log, whose id is the log's name.
     source: Optional[str] = field(default=None, compare=False)
+    # What the run left out and the reading guessed (guessed_settings), one line each, said in the fit's
+    # notes: a wrong guess moves the fitted figures (tying, the parameters and states; TP overlap, the
+    # exposed TP traffic).
+    guessed: tuple[str, ...] = field(default=(), compare=False)
 
 
 # --- runs from the published-runs schema ----------------------------------------------------
@@ -85,6 +89,9 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
                 # generic engine's: their releases ran recipes torchtitan 0.3.0 refuses, tensorwise fp8.)
                 case["training"]["engine"] = "torchtitan"
             case["training"]["precision"] = _stated_precision(source, name, row.get("precision"))
+            overlap = row["parallel"].get("tp_comm_overlap")  # checked by _check_team_shape
+            if overlap is not None:  # as case_of reads it: no TP traffic to overlap at tp 1
+                case["training"]["tp_comm_overlap"] = overlap and case["layout"]["tp"] > 1
             _check_recompute(source, name, row.get("recompute"))
             _check_measures_agree(source, name, row, tokens)
         if case is None:
@@ -110,7 +117,8 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
                             "iteration_time_s, tokens_per_sec_total or tokens_per_sec_per_gpu")
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
-        run = Run(name, case, tokens, float(peak) if peak else None, stage, scope, source=source)
+        run = Run(name, case, tokens, float(peak) if peak else None, stage, scope, source=source,
+                  guessed=guessed_settings(row, case))
         _check_grid(source, name, row, case)  # before check_run builds its job: a grid off its GPUs named as such
         problem = _unstated_setting(row)  # after the grid: a tp the GPUs cannot hold is named as such first
         if problem:
@@ -292,6 +300,32 @@ def _unstated_setting(row: dict) -> Optional[tuple[str, str]]:
     return None
 
 
+# The engines whose code fixes whether tensor-parallel communication overlaps the GEMMs, so a run of them
+# that does not say is no guess: DeepSpeed's AutoTP cannot (engines/deepspeed/engine.py), torchtitan's
+# async TP is off unless asked (its config's compile.enable_async_tensor_parallel defaults to False).
+TP_OVERLAP_FIXED = ("deepspeed", "torchtitan")
+
+
+def guessed_settings(row: dict, case: dict) -> tuple[str, ...]:
+    """One line for each setting that moves a team's run's fitted figures, that the run does not state and
+    that was guessed for it (published_runs.case_of's reading of the tables' conventions): whether its
+    input embedding and LM head are tied (model.extra.tied_embeddings: tying takes vocab × hidden
+    parameters, their states and their optimizer step off), and at tp > 1 whether its TP communication
+    overlaps the GEMMs (parallel.tp_comm_overlap: the exposed TP traffic), where its engine fixes none."""
+    lines = []
+    if not isinstance((row["model"].get("extra") or {}).get("tied_embeddings"), bool):
+        tied = case["model"]["tied_embeddings"]
+        lines.append(f"guessed {'tied' if tied else 'untied'} embeddings (model.extra.tied_embeddings not stated: "
+                     f"{'tied' if tied else 'untied'} moves the parameter count by vocab × hidden); state it")
+    if case["layout"]["tp"] > 1 and row["parallel"].get("tp_comm_overlap") is None \
+            and _run_engine(row) not in TP_OVERLAP_FIXED:
+        on = case["training"]["tp_comm_overlap"]
+        lines.append(f"guessed TP communication overlap {'on' if on else 'off'} at tp {case['layout']['tp']} "
+                     f"(parallel.tp_comm_overlap not stated; taken {'on' if on else 'off'} from the framework's "
+                     "name, NeMo and Megatron-Bridge recipes running it): state it")
+    return tuple(lines)
+
+
 def _shards_over_gpus(row: dict) -> bool:
     """Whether more than one GPU holds each model replica's states (dp·cp > 1: num_gpus over tp·pp), where
     its sharding changes the priced peak and step."""
@@ -346,7 +380,7 @@ GATED_ACTIVATIONS, PLAIN_ACTIVATIONS = ("swiglu", "geglu"), ("gelu", "relu", "sq
 # The keys of each section of a run the planner reads (planner/published/README.md): one a letter or
 # two from them is a typo the run would otherwise go without.
 RUN_KEYS = {"parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "sp", "distributed_optimizer", "zero_stage",
-                         "fsdp"),
+                         "fsdp", "tp_comm_overlap"),
             "batch": ("global_batch_size", "micro_batch_size", "grad_accum", "tokens_per_batch", "local_batch_size",
                       "batch_schedule"),
             "measured": ("tokens_per_sec_per_gpu", "tokens_per_sec_total", "iteration_time_s", "mfu", "hfu",
@@ -527,10 +561,11 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
             raise CaseError(source, f"{name}.parallel.fsdp", f"expected the sharding degree, a divisor of the run's "
                                                              f"{gpus} GPUs, got {one_line(safe_repr(fsdp), 40)}")
         _check_sharding_agrees(source, name, parallel)
-        optimizer = parallel.get("distributed_optimizer")
-        if optimizer is not None and not isinstance(optimizer, bool):
-            raise CaseError(source, f"{name}.parallel.distributed_optimizer",
-                            f"expected true or false, got {one_line(safe_repr(optimizer), 40)}")
+        for key in ("distributed_optimizer", "tp_comm_overlap"):
+            value = parallel.get(key)
+            if value is not None and not isinstance(value, bool):  # 'no' was read as true
+                raise CaseError(source, f"{name}.parallel.{key}",
+                                f"expected true or false, got {one_line(safe_repr(value), 40)}")
     measured = row.get("measured")
     if isinstance(measured, dict) and measured.get("mfu") is not None:
         mfu = measured["mfu"]
@@ -633,6 +668,10 @@ def _stated_precision(source: str, name: str, text: Any) -> str:
     return named
 
 
+# A team's run's keys for its case's beyond the published rows' (row_key): what only a team's run states.
+TEAM_ROW_KEYS = {"training.tp_comm_overlap": "parallel.tp_comm_overlap"}
+
+
 def check_run(run: Run, source: str, case_file: Optional[str] = None, throughput_key: str = "measured") -> None:
     """A run that could not have run: faster than its GPU's dense peak at its own model FLOPs, or
     a peak above the GPU's memory. What its case refuses is named as the runs file's run and key
@@ -642,7 +681,8 @@ def check_run(run: Run, source: str, case_file: Optional[str] = None, throughput
     def named(error: CaseError) -> CaseError:
         if case_file is not None:
             return CaseError(case_file, error.key, error.expected)
-        return CaseError(source, f"{run.id}.{row_key(error.key)}" if error.key else run.id, error.expected)
+        key = TEAM_ROW_KEYS.get(error.key) or row_key(error.key)
+        return CaseError(source, f"{run.id}.{key}" if error.key else run.id, error.expected)
 
     try:
         case = load_case(run.case)

@@ -1816,6 +1816,75 @@ def test_a_runs_extra_may_hold_notes_the_fit_does_not_read():
                                          "extra": {"tied_embeddings": False, "notes": "our tokenizer"}})], "runs.yaml")
 
 
+def test_a_team_run_stating_tied_embeddings_is_fitted_tied_and_one_leaving_it_out_is_noted():
+    """Tying was guessed (untied for most frameworks) without a word in the fit's report: a wrong guess moves
+    the parameters, their states and the optimizer step by the LM head's vocab × hidden."""
+    from cost_models.parameters import total_parameters
+    from planner.case import load_case
+
+    tied, = runs_from_rows([published_row(model__extra={"tied_embeddings": True})], "runs.yaml")
+    untied, = runs_from_rows([published_row(model__extra={"tied_embeddings": False})], "runs.yaml")
+    count = {r.case["model"]["tied_embeddings"]: total_parameters(load_case(r.case).job().model) for r in (tied, untied)}
+    # The shared matrix is the LM head's: 128,256 (a multiple of 128, Megatron's padding at tp 1) × 4,096.
+    assert count[False] - count[True] == 128256 * 4096
+    assert tied.guessed == () and untied.guessed == ()
+    guessed, = runs_from_rows([published_row()], "runs.yaml")
+    assert guessed.case["model"]["tied_embeddings"] is False
+    assert guessed.guessed == ("guessed untied embeddings (model.extra.tied_embeddings not stated: untied moves the "
+                               "parameter count by vocab × hidden); state it",)
+    notes = fit([guessed], "runs.yaml").notes
+    assert notes == ("runs.yaml: run team-run-1: " + guessed.guessed[0],)
+
+
+TP2 = {"tp": 2, "pp": 1, "dp": 4, "zero_stage": 1, "sp": True}
+
+
+def test_a_team_run_at_tp_2_stating_overlap_off_is_priced_with_its_tp_traffic_exposed():
+    """A NeMo run's TP overlap was taken on from its framework's name, with no way to say it ran without:
+    the TP traffic it waited for went into the fitted figures as something else."""
+    from cost_models.tp_time import tp_collective_time, tp_collectives_per_pass, tp_exposed_per_layer
+    from planner.case import load_case
+
+    def exposed(run: Run) -> tuple[float, float, float]:
+        job = load_case(run.case).job()
+        lay, training = job.layout, job.training
+        one = tp_collective_time(job.model, training, job.cluster, lay.tp, lay.cp, lay.micro_batch_size, True)
+        launch = tp_collectives_per_pass(True) * training.engine.collective_launch_s
+        return tp_exposed_per_layer(job.model, training, job.cluster, lay.tp, lay.cp, lay.micro_batch_size, True)[0], \
+            one, launch
+
+    nemo = {"framework": "NeMo 24.07", "model__extra": {"tied_embeddings": False}}
+    off, = runs_from_rows([published_row(**nemo, parallel={**TP2, "tp_comm_overlap": False})], "runs.yaml")
+    assert off.case["training"]["tp_comm_overlap"] is False and off.guessed == ()
+    forward, one, launch = exposed(off)
+    # Without overlap both of the forward's collectives (all-gather and reduce-scatter, each half of `one`'s
+    # two) wait in the open, with their launches: twice one all-reduce's bytes.
+    assert one > 0 and forward == pytest.approx(2 * one + launch)
+    guessed, = runs_from_rows([published_row(**nemo, parallel=TP2)], "runs.yaml")
+    assert guessed.case["training"]["tp_comm_overlap"] is True and exposed(guessed)[0] < forward
+    assert guessed.guessed == ("guessed TP communication overlap on at tp 2 (parallel.tp_comm_overlap not stated; "
+                               "taken on from the framework's name, NeMo and Megatron-Bridge recipes running it): "
+                               "state it",)
+    # An engine whose code fixes it is no guess: DeepSpeed's AutoTP cannot overlap, torchtitan's async TP is off.
+    titan, = runs_from_rows([published_row(framework="torchtitan", model__extra={"tied_embeddings": False},
+                                           parallel={"tp": 2, "pp": 1, "dp": 4})], "runs.yaml")
+    assert titan.guessed == () and titan.case["training"]["tp_comm_overlap"] is False
+
+
+@pytest.mark.parametrize("value", ["no", 1, "false", 0.0])  # each was an unknown key; 'no' is truthy
+def test_a_team_runs_tp_comm_overlap_that_is_no_true_or_false_is_refused(value):
+    with pytest.raises(CaseError) as error:
+        runs_from_rows([published_row(parallel={**TP2, "tp_comm_overlap": value})], "runs.yaml")
+    assert str(error.value) == f"runs.yaml: team-run-1.parallel.tp_comm_overlap: expected true or false, got {value!r}"
+
+
+def test_a_team_run_stating_tp_overlap_without_sequence_parallelism_is_refused_by_its_key():
+    # Megatron-LM's validate_args refuses --tp-comm-overlap without --sequence-parallel
+    with pytest.raises(CaseError) as error:
+        runs_from_rows([published_row(parallel={**TP2, "sp": False, "tp_comm_overlap": True})], "runs.yaml")
+    assert error.value.key == "team-run-1.parallel.tp_comm_overlap" and "--sequence-parallel" in error.value.expected
+
+
 def test_a_log_that_never_ran_its_stated_batch_is_refused(tmp_path):
     """Every interval at 64 sequences where the argument dump says 128 (a ramp-up not finished): the
     12 s steps of 64 were priced as steps of 128, twice the throughput they ran."""
@@ -2256,10 +2325,15 @@ NEMO_FP8_ROWS = [
 def nemo_fp8_rows(**changed: dict) -> list[dict]:
     """The five rows, each run id in ``changed`` with those fields replaced."""
     rows = [{"id": rid, "record_type": "measured_throughput", "framework": "NeMo 24.07 (Megatron-Core)",
-             "gpu": "H100-SXM-80GB", "num_gpus": gpus, "model": {"name": rid, **model},
-             # NeMo's recipes: the distributed optimizer, and sequence parallelism with tensor parallelism
+             "gpu": "H100-SXM-80GB", "num_gpus": gpus,
+             # NeMo's GPT-3 config shares the embedding and LM head (megatron_gpt_config.yaml:
+             # share_embeddings_and_output_weights: True); Llama 2's and Nemotron's do not.
+             "model": {"name": rid, **model, "extra": {"tied_embeddings": rid.startswith("gpt3")}},
+             # NeMo's recipes: the distributed optimizer, and sequence parallelism and TP communication
+             # overlap with tensor parallelism
              "parallel": {"cp": 1, "ep": 1, "distributed_optimizer": True, **parallel,
-                          **({"sp": True} if parallel["tp"] > 1 else {})}, "batch": batch, "precision": "fp8",
+                          **({"sp": True, "tp_comm_overlap": True} if parallel["tp"] > 1 else {})},
+             "batch": batch, "precision": "fp8",
              "recompute": "none", "measured": {"tokens_per_sec_per_gpu": tps}} for rid, gpus, model, parallel, batch, tps in NEMO_FP8_ROWS]
     return [{**row, **changed.get(row["id"].replace("-", "_"), {})} for row in rows]
 
@@ -2275,6 +2349,17 @@ def calibrate_rows(tmp_path: Path, rows: list[dict]):
 def test_the_team_runs_that_fit_well_give_no_warning(tmp_path):
     stderr, profile = calibrate_rows(tmp_path, nemo_fp8_rows())
     assert stderr == "" and "warnings" not in profile["fitted"]
+
+
+def test_what_team_runs_leave_out_and_was_guessed_is_noted_on_the_terminal_and_in_the_profile(tmp_path):
+    rows = nemo_fp8_rows()
+    rows[1] = {**rows[1], "model": {k: v for k, v in rows[1]["model"].items() if k != "extra"},
+               "parallel": {k: v for k, v in rows[1]["parallel"].items() if k != "tp_comm_overlap"}}
+    stderr, profile = calibrate_rows(tmp_path, rows)
+    notes = profile["fitted"]["notes"]
+    assert [n.split(": guessed ")[1].split(" (")[0] for n in notes] == ["untied embeddings",
+                                                                      "TP communication overlap on at tp 2"]
+    assert all(n.startswith(f"{tmp_path / 'runs.yaml'}: run gpt3-20b-64: ") and "note: " + n in stderr for n in notes)
 
 
 def test_a_run_mislabelled_bf16_among_fp8_ones_is_named_with_the_figure_it_alone_moved(tmp_path):
