@@ -820,6 +820,18 @@ def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> No
         raise CaseError(log, "virtual_pipeline_model_parallel_size", f"the log's {vpp}, the case {src}'s layout.vpp "
                                                                      f"{job.layout.vpp}: a log of another run than "
                                                                      "the case")
+    # Tying and TP overlap as the run ran them, not as its case says (--untie-embeddings-and-output-weights,
+    # off by default: Megatron-LM ties; --tp-comm-overlap): a log of an untied model fitted as its tied case
+    # was priced without the LM head's vocab × hidden parameters and their step.
+    if "untie_embeddings_and_output_weights" in settings and \
+            (not true("untie_embeddings_and_output_weights")) != job.model.tied_embeddings:
+        raise CaseError(log, "untie_embeddings_and_output_weights",
+                        f"the log's {settings['untie_embeddings_and_output_weights']}, the case {src}'s "
+                        f"model.tied_embeddings {job.model.tied_embeddings}: a log of another model than the case")
+    if "tp_comm_overlap" in settings and job.layout.tp > 1 and true("tp_comm_overlap") != job.training.tp_comm_overlap:
+        raise CaseError(log, "tp_comm_overlap", f"the log's {settings['tp_comm_overlap']}, the case {src}'s "
+                                                f"training.tp_comm_overlap {job.training.tp_comm_overlap}: a log of "
+                                                "another run than the case")
     if "recompute_granularity" in settings:
         granularity = settings["recompute_granularity"].lower()
         recompute = "none" if granularity in ("none", "") else granularity

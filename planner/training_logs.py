@@ -69,7 +69,8 @@ MEGATRON_STATED = ("num_layers", "hidden_size", "num_attention_heads", "num_quer
 # The settings of Megatron-LM's argument dump a run's case must agree with (team_runs.runs_from_logs).
 MEGATRON_SETTINGS = ("bf16", "fp16", "fp8", "use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp",
                      "use_custom_fsdp", "data_parallel_sharding_strategy",
-                     "recompute_granularity", "sequence_parallel", "virtual_pipeline_model_parallel_size")
+                     "recompute_granularity", "sequence_parallel", "virtual_pipeline_model_parallel_size",
+                     "tp_comm_overlap", "untie_embeddings_and_output_weights")
 # An argument dump's line, Megatron-LM's and DeepSpeed's alike: "  {name} {dots} {value}", the dots
 # filling the name to a width (none past it: two spaces), behind any logger or rank prefixes
 # ("[INFO] [config.py:1000:print]", torchrun's "[rank0]:", srun -l's "0:").

@@ -832,6 +832,10 @@ def test_a_log_sharding_the_optimizer_otherwise_than_its_case_is_refused(tmp_pat
 @pytest.mark.parametrize("setting, key, says", [
     ("sequence_parallel False", "sequence_parallel", "the log's False, the case"),
     ("virtual_pipeline_model_parallel_size 4", "virtual_pipeline_model_parallel_size", "the log's 4, the case"),
+    # the case states neither (untied, no overlap): a log of a tied model, or one overlapping its TP traffic
+    ("untie_embeddings_and_output_weights False", "untie_embeddings_and_output_weights",
+     "the log's False, the case"),
+    ("tp_comm_overlap True", "tp_comm_overlap", "the log's True, the case"),
 ])
 def test_a_log_whose_layout_settings_differ_from_its_case_is_refused(tmp_path, setting, key, says):
     """Megatron-LM's dump prints sequence_parallel and virtual_pipeline_model_parallel_size as validate_args
@@ -848,7 +852,8 @@ def test_a_log_whose_layout_settings_differ_from_its_case_is_refused(tmp_path, s
     with pytest.raises(CaseError, match=rf"ran.log: {key}: {re.escape(says)}"):
         runs_from_logs([write(tmp_path, "ran.log", log)], [case_path])
     # As the case ran (sequence parallel at tp 2, no interleaving: Megatron prints None), the log is fitted.
-    agreeing = "  sequence_parallel ........ True\n  virtual_pipeline_model_parallel_size .... None\n"
+    agreeing = "  sequence_parallel ........ True\n  virtual_pipeline_model_parallel_size .... None\n" \
+               "  untie_embeddings_and_output_weights .... True\n  tp_comm_overlap .... False\n"
     runs_from_logs([write(tmp_path, "same.log", base.replace("  global_batch_size", agreeing + "  global_batch_size", 1))],
                    [case_path])
 
