@@ -129,6 +129,11 @@ class EngineBehaviour:
     # all-reduce too. The experts' buckets likewise, over their expert_dp_process_group. Twice the bytes
     # of a reduce-scatter on a ring (2(n−1)/n of the bucket against (n−1)/n); the bucket's memory is the same.
     zero12_bucket_all_reduce: bool = False
+    # Bytes a gradient takes on the data-parallel reduction's wire where the engine casts each bucket
+    # to a dtype of its own before reducing it (:func:`model_states.reduced_gradient_bytes`); 0: the
+    # gradients' own dtype. DeepSpeed's communication_data_type, which the ds_config reader sets
+    # (planner/engines/deepspeed/read.py, ``communication_bytes``); the emitter writes it as priced.
+    gradient_wire_bytes: float = 0.0
     # Gradients of bf16 training accumulated and reduced in fp32 unless told otherwise:
     # torchtitan's FSDP2 reduces in float32 (``torchtitan/config/configs.py``,
     # mixed_precision_reduce). Megatron-core's DistributedDataParallelConfig reduces in the

@@ -12,7 +12,8 @@ from .kernels import elementwise_time, first_touch_time
 from .memory import accumulates_unsharded, job_embedding_shards, job_stage_parameters, job_vocab
 from .model_spec import ModelSpec
 from .parameters import attention_matrices, embedding_parameters, mlp_matrices, norm_parameters, router_parameters
-from .model_states import folds_gradients_into_fp32, fp32_gradients, gathered_weight_bytes, working_bytes, zero_shards
+from .model_states import (folds_gradients_into_fp32, fp32_gradients, gathered_weight_bytes, reduced_gradient_bytes,
+                           working_bytes, zero_shards)
 from .job import Job
 from .topology import group_links
 from .pipeline_time import stage_kinds
@@ -132,7 +133,7 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     perf = job.cluster.gpu.performance
     tied = 0.0  # counted once, by dp_comm_exposed
     per_param = working_bytes(training)
-    grads = params * per_param.gradients
+    grads = params * reduced_gradient_bytes(training)
     weights = params * gathered_weight_bytes(training)
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
     # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency. A bucket
@@ -316,7 +317,7 @@ def zero3_collectives(job: Job, stage: int, params: float, dp_links) -> tuple[fl
     (``EngineBehaviour.zero3_unit_copies``) those copies."""
     training, gpu = job.training, job.cluster.gpu
     perf = gpu.performance
-    grads = params * working_bytes(training).gradients
+    grads = params * reduced_gradient_bytes(training)
     weights = params * gathered_weight_bytes(training)
     chunks = zero3_units(job, stage)
     gather = chunks * collective_time("all_gather", weights / chunks, dp_links, perf)

@@ -150,6 +150,15 @@ def working_bytes(training: TrainingSpec) -> StateBytes:
     return state_bytes(training)
 
 
+def reduced_gradient_bytes(training: TrainingSpec) -> float:
+    """Bytes a gradient takes on the data-parallel reduction's wire: the engine's own cast where it
+    makes one (``EngineBehaviour.gradient_wire_bytes``: DeepSpeed's ``allreduce_bucket`` and ZeRO's
+    ``gradient_reduction_w_predivide`` cast each bucket to ``communication_data_type``, runtime/engine.py
+    and runtime/zero/stage_1_and_2.py), else the gradients' dtype (:func:`working_bytes`). The
+    gradients are held and accumulated in their own dtype whatever the wire carries."""
+    return training.engine.gradient_wire_bytes or working_bytes(training).gradients
+
+
 def keeps_weights_quantized(training: TrainingSpec) -> bool:
     """Whether the held weights of the linear layers are the recipe's quantized data (Megatron's
     --fp8-param-gather: Transformer Engine's quantized parameters); the embedding, the LM head, the

@@ -358,8 +358,6 @@ def test_what_the_emitted_deepspeed_config_runs_is_priced_and_what_a_users_adds_
     assert not [n for n in emitted.notes if "priced" in n and "training.loss is unstated" not in n], emitted.notes
     assert best.job.layout.zero_stage in (1, 2) and best.job.layout.dp > 1  # where overlap_comm matters
     for changes, said in [({"zero_optimization.overlap_comm": False}, "zero_optimization.overlap_comm false"),
-                          ({"communication_data_type": "fp32"}, "communication_data_type fp32: the data-parallel "
-                                                                "reductions priced in bf16"),
                           ({"zero_optimization.zero_quantized_gradients": True},
                            "zero_optimization.zero_quantized_gradients: not priced"),
                           ({"compile": {"deepcompile": True}}, "compile.deepcompile: not priced"),
@@ -374,6 +372,17 @@ def test_what_the_emitted_deepspeed_config_runs_is_priced_and_what_a_users_adds_
         config, _ = _ds_config(tmp_path, **changes)
         notes = diagnose(DS_CASE, config=config).notes
         assert any(said in n for n in notes), (changes, notes)
+    # communication_data_type is priced, not only said: the bf16 gradients cast to fp32 for the reduction
+    # (runtime/engine.py, allreduce_bucket) carry twice the bytes (tests/test_emit_deepspeed.py measures it).
+    from cost_models.dp_time import dp_comm_exposed
+    from cost_models.stage_time import stage_time
+
+    config, _ = _ds_config(tmp_path, communication_data_type="fp32")
+    wide = diagnose(DS_CASE, config=config)
+    assert not [n for n in wide.notes if "communication_data_type" in n], wide.notes
+    comm = [dp_comm_exposed(d.estimate.job, 0, stage_time(d.estimate.job, 0)) for d in (emitted, wide)]
+    assert comm[1] > comm[0] > 0, comm
+    config, _ = _ds_config(tmp_path)
     # Without overlap_comm DeepSpeed's default below stage 3 is off (runtime/zero/config.py).
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
@@ -413,6 +422,9 @@ def test_a_zero_key_deepspeed_refuses_and_ulysses_are_refused(tmp_path):
      "at least 0"),
     ({"zero_optimization.overlap_comm": [1]}, "zero_optimization.overlap_comm", "expected true or false"),
     ({"communication_data_type": "fp17"}, "communication_data_type", "expected fp32, fp16 or bf16"),
+    # DeepSpeed parses it at start-up whether or not Ulysses runs (runtime/config.py: ValueError)
+    ({"seq_parallel_communication_data_type": "int8"}, "seq_parallel_communication_data_type",
+     "expected fp32, fp16 or bf16"),
     ({"compile": True}, "compile", "expected a mapping"),
     # `"1.0" > 0.` raises TypeError at DeepSpeed's first step (engine.py, _take_model_step)
     ({"gradient_clipping": "1.0"}, "gradient_clipping", "expected a number"),

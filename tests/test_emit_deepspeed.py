@@ -1161,3 +1161,78 @@ def test_deepspeeds_zero_1_and_2_all_reduce_each_bucket_and_are_priced_so():
     reduction, gather = two - one, 2 * one - two
     assert gather > 0
     assert reduction == pytest.approx(2 * gather, rel=1e-9)
+
+
+# DeepSpeed's engine on one CPU rank (gloo), with the ds_config's precision and ZeRO keys given (argv[1], JSON):
+# the bytes an element of the largest tensor one step hands torch.distributed.all_reduce (the gradient bucket),
+# and that tensor's elements as a share of the model's parameters.
+WIRE_DTYPE = DEEPSPEED_PRELUDE + """
+import json
+model = torch.nn.Sequential(*[torch.nn.Linear(128, 128, bias=False) for _ in range(4)])
+n = sum(p.numel() for p in model.parameters())
+config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2,
+          "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}, **json.loads(sys.argv[1])}
+engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+reduced, own = [], torch.distributed.all_reduce
+def recorded(tensor, *args, **kwargs):
+    reduced.append((tensor.numel(), tensor.element_size()))
+    return own(tensor, *args, **kwargs)
+torch.distributed.all_reduce = recorded
+engine.backward(engine(torch.randn(2, 128, dtype=torch.bfloat16)).float().pow(2).mean())
+engine.step()
+torch.distributed.all_reduce = own
+elements, size = max(reduced)
+print(size, elements / n, int(type(optimizer).__name__ == "BF16_Optimizer"))
+"""
+
+
+@pytest.mark.slow
+def test_deepspeed_reduces_gradients_in_its_communication_data_type_and_the_reader_prices_it():
+    """DeepSpeed 0.19 casts each gradient bucket to communication_data_type before the data-parallel
+    all-reduce, the model's dtype unless the ds_config sets it (runtime/engine.py: communication_data_type,
+    allreduce_bucket), whatever dtype the gradients accumulate in. Measured on its own engine: the
+    BF16_Optimizer (bf16, ZeRO-1, fp32 grad_accum_dtype) hands torch.distributed.all_reduce its fp32
+    gradients cast to bf16, 2 bytes each; 4 with communication_data_type fp32. The reader priced the fp32
+    accumulation's 4 bytes on the wire whatever the config said."""
+    from cost_models.dp_time import dp_comm_exposed
+    from cost_models.stage_time import stage_time
+    from planner.diagnose import read_job
+
+    bf16_optimizer = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
+                      "data_types": {"grad_accum_dtype": "fp32"}}
+    zero0 = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}}
+    configs = {"bf16_optimizer": bf16_optimizer, "bf16_optimizer_fp32": {**bf16_optimizer,
+                                                                         "communication_data_type": "fp32"},
+               "bf16_optimizer_FP16": {**bf16_optimizer, "communication_data_type": "FP16"},
+               "zero0": zero0, "zero0_fp32": {**zero0, "communication_data_type": "fp32"},
+               "zero2_fp32_accumulation": {**bf16_optimizer, "zero_optimization": {"stage": 2}}}
+    figures = on_one_rank({name: (WIRE_DTYPE, json.dumps(config)) for name, config in configs.items()})
+    # (bytes an element on the wire, the bucket's share of the parameters, whether the BF16_Optimizer ran)
+    assert figures == {"bf16_optimizer": [2, 1, 1], "bf16_optimizer_fp32": [4, 1, 1], "bf16_optimizer_FP16": [2, 1, 1],
+                       "zero0": [2, 1, 0], "zero0_fp32": [4, 1, 0], "zero2_fp32_accumulation": [2, 1, 0]}
+
+    # Priced so: with no latency and nothing overlapped, the BF16_Optimizer's ZeRO-1 step exposes its
+    # all-reduce of the gradients (2(n−1)/n of the bucket on a ring) and the all-gather of the updated bf16
+    # weights ((n−1)/n of 2 bytes a parameter: nccl-tests' bus bandwidth, doc/PERFORMANCE.md): 2·2 + 2 bytes'
+    # worth on a bf16 wire, 2·4 + 2 on an fp32 one.
+    case = {"model": {"preset": "llama2-7b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8,
+                        "performance": {"comm_overlap": 0.0, "link_latency_s": 0.0}},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16", "fp32_grads": True}}
+
+    def exposed(config):
+        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"wire_{os.getpid()}_{random.random()}.json"
+        path.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+                                    "gradient_accumulation_steps": 1, **config}))
+        try:
+            job = read_job(copy.deepcopy(case), "deepspeed", path).job
+        finally:
+            path.unlink()
+        assert folds_gradients_into_fp32(job) and job.layout.dp == 8 and job.layout.zero_stage == 1
+        perf = job.cluster.gpu.performance
+        assert perf.all_gather_efficiency == 1.0  # the all-gather at the all-reduce's bus bandwidth
+        return dp_comm_exposed(job, 0, stage_time(job, 0))
+
+    as_default, as_fp32 = exposed(configs["bf16_optimizer"]), exposed(configs["bf16_optimizer_fp32"])
+    assert as_fp32 / as_default == pytest.approx((2 * 4 + 2) / (2 * 2 + 2), rel=1e-9)
+    assert exposed(configs["bf16_optimizer_FP16"]) == pytest.approx(as_default, rel=1e-12)

@@ -302,10 +302,8 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             del zero[key]
         elif key in zero:
             zero[key] = _lax_int(src, f"zero_optimization.{key}", zero[key], least)
-    said_dtype = config.get("communication_data_type")
-    if said_dtype is not None and (not isinstance(said_dtype, str) or said_dtype.lower() not in ("fp32", "fp16", "bf16")):
-        raise CaseError(src, "communication_data_type", f"expected fp32, fp16 or bf16 (runtime/config.py, "
-                                                        f"get_communication_data_type), got {one_line(safe_repr(said_dtype), 40)}")
+    for key in ("communication_data_type", "seq_parallel_communication_data_type"):
+        said_dtype(src, config, key)
     compiled = config.get("compile")
     if compiled is not None and not isinstance(compiled, dict):
         raise CaseError(src, "compile", f"expected a mapping (DeepSpeed's CompileConfig), got "
@@ -408,10 +406,6 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                      f"the estimate prices that gather so, {gathers} of the weights, whatever the bucket sizes: "
                      f"one per parameter group of the optimizer the ds_config's section builds over "
                      f"model.parameters(){experts}")
-    # DeepSpeed reduces in communication_data_type, the model's dtype unless set (runtime/engine.py).
-    priced_dtype = "fp32" if fp32_gradients(training) else {"fp16": "fp16"}.get(training.precision, "bf16")
-    if isinstance(said_dtype, str) and said_dtype.lower() != priced_dtype and lay.dp * lay.cp > 1:
-        notes.append(f"communication_data_type {said_dtype}: the data-parallel reductions priced in {priced_dtype}")
     unpriced = [f"zero_optimization.{key}" for key in ("zero_quantized_weights", "zero_quantized_gradients",
                                                        "zero_quantized_nontrainable_weights")
                 if zero.get(key) is True]
@@ -914,7 +908,8 @@ def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
     # rank=dst), which moves a reduce-scatter's bytes and is priced as one: the latency of those dp·cp calls
     # per bucket, against the one collective priced, is not.
     per_owner = _reduces_to_owners(src, zero)
-    engine = replace(engine, zero12_bucket_all_reduce=engine.zero12_bucket_all_reduce and not per_owner,
+    engine = replace(engine, gradient_wire_bytes=communication_bytes(src, config, case.training.precision),
+                     zero12_bucket_all_reduce=engine.zero12_bucket_all_reduce and not per_owner,
                      zero3_max_live_parameters=size(("stage3_max_live_parameters", "max_live_parameters"),
                                                     engine.zero3_max_live_parameters),
                      zero3_step_sub_group_params=size(("sub_group_size",), engine.zero3_step_sub_group_params),
@@ -925,6 +920,37 @@ def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
         # flat bf16 accumulator instead (EngineBehaviour.flat_gradient_accumulator).
         return replace(engine, reduce_bucket_buffers=0, flat_gradient_accumulator=True)
     return replace(engine, bucket_params=float(bucket), reduce_bucket_buffers=int(contiguous) * (1 + int(overlap)))
+
+
+# Bytes an element of each dtype communication_data_type names (runtime/config.py, get_communication_data_type).
+COMM_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
+
+
+def said_dtype(src: str, config: dict, key: str) -> Optional[str]:
+    """The dtype ``key`` sets, in lower case (DeepSpeed reads it so), or None where unset; any value but
+    fp32, fp16 or bf16 refused, as DeepSpeed refuses it at start-up, whether or not it is used
+    (runtime/config.py, ``get_communication_data_type``: ValueError)."""
+    said = config.get(key)
+    if said is not None and (not isinstance(said, str) or said.lower() not in COMM_BYTES):
+        raise CaseError(src, key, f"expected fp32, fp16 or bf16 (runtime/config.py, get_communication_data_type), "
+                                  f"got {one_line(safe_repr(said), 40)}")
+    return None if said is None else said.lower()
+
+
+def communication_bytes(src: str, config: dict, precision: str) -> float:
+    """Bytes a gradient takes on DeepSpeed 0.19's data-parallel reduction: ``communication_data_type``
+    where the ds_config sets it, else the model's dtype: fp16 under fp16, bf16 under bf16, fp32 otherwise
+    (runtime/engine.py, ``DeepSpeedEngine.communication_data_type``), whatever dtype the gradients are
+    accumulated in (``precision``: the case's, which the config trains in). ``allreduce_bucket`` (stage 0,
+    the BF16_Optimizer's fp32 buffers, the pipeline's reduction), ZeRO-1/2's ``gradient_reduction_w_predivide``/``average_tensor`` and ZeRO-3's reduce-scatter
+    cast each bucket to it; measured in tests/test_emit_deepspeed.py (the BF16_Optimizer's fp32 gradients
+    all-reduced in bf16 unless the config says fp32)."""
+    said = said_dtype(src, config, "communication_data_type")
+    if said is not None:
+        return COMM_BYTES[said]
+    # The case's precision, which the config's bf16/fp16 sections must train in (read_layout checks
+    # it; "auto" is the Trainer's, from the same precision): fp8 runs under bf16.
+    return 2.0 if precision in ("bf16", "fp16", "fp8") else 4.0
 
 
 def runs_bf16_optimizer_with_bf16_gradients(src: str, config: dict, pp: int) -> bool:
