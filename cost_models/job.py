@@ -45,6 +45,16 @@ def dispatch_refusal(training: TrainingSpec, model: ModelSpec, gpu: GPUSpec) -> 
     return None
 
 
+def context_parallel_sequence_refusal(seq_len: int, cp: int) -> Optional[str]:
+    """Why a sequence of ``seq_len`` tokens cannot be split over ``cp`` context-parallel ranks; None if
+    it can. Megatron-core and torchtitan balance the causal mask's work by cutting the sequence into
+    2·cp chunks, rank i taking chunks i and 2·cp − 1 − i (megatron-core's ``get_batch_on_this_cp_rank``;
+    torch's ``_HeadTailLoadBalancer``), so the sequence divides by 2·cp and each rank holds seq / cp."""
+    if cp > 1 and seq_len % (2 * cp):
+        return f"seq_len {seq_len} must divide by 2·cp = {2 * cp}"
+    return None
+
+
 # ACTIVATION_FIELDS (layout_spec): the layout's fields that no check of a Job but
 # :meth:`Job._check_activation_fields` reads, nor the training's resolution or the stages' layers: what
 # a search changes rung by rung (Job.at_activations).
@@ -93,8 +103,9 @@ class Job:
         refusal = dispatch_refusal(t, m, self.cluster.gpu)
         if refusal:
             raise SpecError(TrainingSpec, "expert_dispatch", refusal)
-        if lay.cp > 1 and t.seq_len % (2 * lay.cp):
-            raise SpecError(s, "cp", f"seq_len {t.seq_len} must divide by 2·cp = {2 * lay.cp}")
+        refusal = context_parallel_sequence_refusal(t.seq_len, lay.cp)
+        if refusal:
+            raise SpecError(s, "cp", refusal)
         if lay.sequence_parallel and t.seq_len % (lay.tp * lay.cp):
             raise SpecError(s, "sequence_parallel", f"seq_len {t.seq_len} must divide by tp·cp = {lay.tp * lay.cp}")
         if lay.stage_layers is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from cost_models.job import context_parallel_sequence_refusal
 from cost_models.layout_spec import ZERO_STAGES
 from cost_models.specs import RECOMPUTE, RECOMPUTE_MODULES, Layout, ModelSpec, SpecError, TrainingSpec
 
@@ -173,6 +174,7 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
                                 "expert parallelism needs a mixture of experts (model.num_experts)")
     if model is not None and model.is_moe:
         _check_expert_pins(src, pins, model, num_gpus)
+    _check_context_pins(src, pins, training, num_gpus)
     spec = SearchSpec(pins=pins, bounds=bounds, **values)
     if target != "any":  # a case that names no engine is checked for each engine plan decides between (retarget)
         check_training_for_engine(src, spec, training)
@@ -198,6 +200,23 @@ def _check_expert_pins(src: str, pins: dict[str, Any], model: ModelSpec, num_gpu
         raise CaseError(src, "search.ep" if ep else "search.etp",
                         f"etp·ep = {etp or 1}·{ep or 1} must divide the cluster's {num_gpus} GPUs (the expert "
                         "grid folds over the same GPUs as tp·cp·dp)")
+
+
+def _check_context_pins(src: str, pins: dict[str, Any], training: TrainingSpec, num_gpus: Optional[int]) -> None:
+    """A pinned cp no layout can take is the case's error, named as ``layout.cp`` is (the layout
+    section's tp·pp·cp dividing the GPUs, cost_models.job's sequence split), not the search's "no
+    layout meets the search section's cp", which names neither. ``num_gpus`` None (`size`, which
+    tries several counts) holds no pin to a count."""
+    cp = pins.get("cp")
+    if cp is None:
+        return
+    tp, pp = pins.get("tp", 1), pins.get("pp", 1)
+    if num_gpus is not None and num_gpus % (tp * pp * cp):
+        raise CaseError(src, "search.cp", f"tp·pp·cp = {tp}·{pp}·{cp} = {tp * pp * cp} must divide the cluster's "
+                                          f"{num_gpus} GPUs")
+    refusal = context_parallel_sequence_refusal(training.seq_len, cp)
+    if refusal:
+        raise CaseError(src, "search.cp", refusal)
 
 
 def _check_pins_agree(src: str, pins: dict[str, Any], bounds: dict[str, tuple]) -> None:

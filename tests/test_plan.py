@@ -701,3 +701,25 @@ def test_the_runner_up_on_a_step_of_milliseconds_is_said_by_its_gap_not_rounded_
         assert p.best.step_time_s < 0.1 and gap > 1e-4
         said = re.match(r"([0-9.e-]+) s (faster|slower) per step", p.why_runner_up_lost())
         assert said and float(said.group(1)) == pytest.approx(gap, rel=0.05), p.why_runner_up_lost()
+
+
+@pytest.mark.parametrize("pin, key, expected", [
+    # 32 GPUs hold no context-parallel group of 3 (nor tp 4 · cp 5 = 20): the layout section's own refusal.
+    ({"cp": 3}, "search.cp", "tp·pp·cp = 1·1·3 = 3 must divide the cluster's 32 GPUs"),
+    ({"tp": 4, "cp": 5}, "search.cp", "tp·pp·cp = 4·1·5 = 20 must divide the cluster's 32 GPUs"),
+    # 131,076 tokens split into 2·cp = 8 load-balanced chunks leave 16,384.5 a chunk (cost_models.job's rule).
+    ({"cp": 4, "seq_len": 131076}, "search.cp", "seq_len 131076 must divide by 2·cp = 8"),
+])
+def test_a_pinned_context_parallel_degree_no_layout_can_take_is_refused_by_its_key(pin, key, expected):
+    """A long-context case pinning search.cp 3 on 32 GPUs was answered "no megatron layout of 32 GPUs
+    ... meets the search section's cp, though some layout runs without them", naming neither what cp
+    must divide nor why; `estimate` refuses the same cp in `layout` by what it must divide. The pin is
+    refused alike, before the search."""
+    pin = dict(pin)
+    seq_len = pin.pop("seq_len", 131072)
+    data = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 64, "seq_len": seq_len, "precision": "bf16", "engine": "megatron"},
+            "search": pin}
+    with pytest.raises(planner.CaseError) as refused:
+        planner.plan(data, top_k=0)
+    assert refused.value.key == key and expected in refused.value.expected
