@@ -1398,3 +1398,30 @@ def test_tp_comm_overlap_runs_on_blackwell_with_the_connections_it_exports(gpu):
     assert "\n--tp-comm-overlap\n" in files[megatron.ARGS_FILE] and "UB_SKIPMC" not in files[megatron.LAUNCH_FILE]
     plain = load_case({**base, "training": {**base["training"], "tp_comm_overlap": False}})
     assert result.time.tp_comm_s < estimate_job(plain, plain.job()).time.tp_comm_s
+
+
+@pytest.mark.parametrize("kind", ["a2a", "all_gather", "a2a+p2p", "ring"])
+def test_a_context_parallel_exchange_other_than_the_one_priced_is_refused(tmp_path, kind):
+    """Llama 3 8B at 32k on cp 2: the estimate prices megatron-core's p2p ring (AttnFuncWithCPAndKVP2P,
+    Megatron-LM's default --cp-comm-type), and a launch saying a2a (Ulysses' head scatter), all_gather
+    (not overlapped with the attention) or a2a+p2p read back to the ring's step time without a word;
+    a type megatron-core does not have (TransformerConfig.cp_comm_type: p2p, all_gather, a2a, a2a+p2p)
+    was read too, where Transformer Engine raises at the first attention. Written out as p2p it is
+    the emitted launch, priced the same."""
+    from planner.diagnose import diagnose
+
+    data = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 32768, "engine": "megatron"},
+            "layout": {"tp": 4, "cp": 2, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True,
+                       "recompute": "full"}}
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(data))
+    priced = estimate(load_case(tmp_path / "case.yaml"))
+    text = megatron.render(priced, ["header"])["megatron_args.txt"]
+    assert "--context-parallel-size 2" in text and "--cp-comm-type" not in text
+    (tmp_path / "p2p.txt").write_text(text + "--cp-comm-type p2p\n")
+    assert diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "p2p.txt").estimate.step_time_s \
+        == pytest.approx(priced.step_time_s)
+    (tmp_path / "other.txt").write_text(text + f"--cp-comm-type {kind}\n")
+    with pytest.raises(CaseError) as refused:
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "other.txt")
+    assert refused.value.key == "--cp-comm-type" and "expected p2p" in refused.value.expected

@@ -639,11 +639,25 @@ def _check_model(args: _Args, model, training) -> None:
                                                     "): Megatron-LM runs them, but the planner prices one "
                                                     "context-parallel exchange for every layer: give one type")
     cp_comm = cp_types[0]
+    if cp > 1 and cp_comm not in CP_COMM_TYPES:
+        priced = "a2a" if cp_runs_all_to_all(model, training) else "p2p"
+        raise CaseError(args.src, "--cp-comm-type", f"{one_line(cp_comm, 40)!r} is none of megatron-core's "
+                                                    f"{', '.join(CP_COMM_TYPES)} (TransformerConfig.cp_comm_type; "
+                                                    f"Transformer Engine raises on another): expected {priced}, "
+                                                    "as priced")
     if cp > 1 and cp_runs_all_to_all(model, training) and cp_comm != "a2a":
         said = f"--cp-comm-type {cp_comm}" if "--cp-comm-type" in args.flags else "absent (Megatron-LM's default, p2p)"
         raise CaseError(args.src, "--cp-comm-type", f"{said}: Transformer Engine runs the model's sliding-window "
                                                     "attention under context parallelism only as a2a (the estimate "
                                                     "prices it so)")
+    if cp > 1 and not cp_runs_all_to_all(model, training) and cp_comm != "p2p":
+        # The estimate prices the ring (cost_models.stage_time.cp_exposed_per_layer); all_gather waits
+        # for the whole K and V, a2a and a2a+p2p trade heads for the sequence: other traffic, other
+        # overlap. Read as the ring, they were priced as a launch that does not run them.
+        raise CaseError(args.src, "--cp-comm-type", f"{cp_comm}: the estimate prices context parallelism of a "
+                                                    "model without a sliding window as megatron-core's p2p ring "
+                                                    "(Megatron-LM's default), not this exchange; expected p2p or "
+                                                    "absent")
     read = read_precision(args.flags)
     if read is not None:
         precision, recipe = read
@@ -654,6 +668,11 @@ def _check_model(args: _Args, model, training) -> None:
         if precision == "fp8" and recipe != training.recipe.name:
             raise CaseError(args.src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
                                                  f"{training.recipe.name} (training.fp8_recipe)")
+
+
+# megatron-core's context-parallel exchanges (TransformerConfig.cp_comm_type at core_v0.16.1), which
+# Transformer Engine's attn_forward_func_with_cp takes; it raises on any other.
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 def _check_moe_defaults(args: _Args, model) -> None:
