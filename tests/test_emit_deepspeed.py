@@ -241,7 +241,11 @@ def estimate_of(training=None, **layout):
 
 
 @pytest.mark.parametrize("layout, says", [
-    ({"tp": 2, "cp": 2}, "layout.cp is 2: DeepSpeed has no context parallelism of Megatron's kind"),
+    # DeepSpeed's own context parallelism is Ulysses, which a user planning long sequences asks for:
+    # the refusal says it is not priced, and who runs cp.
+    ({"tp": 2, "cp": 2}, "layout.cp is 2: DeepSpeed has no context parallelism of Megatron's kind, and its "
+                         "Ulysses sequence parallelism (sequence_parallel_size) is not priced: megatron and "
+                         "torchtitan run cp"),
     ({"pp": 2, "vpp": 2}, "layout.vpp is 2: DeepSpeed's pipeline engine has no interleaved schedule"),
     ({"tp": 2, "sequence_parallel": True}, "no sequence parallelism"),
     ({"recompute": "selective"}, "layout.recompute is selective: DeepSpeed checkpoints whole layers only"),

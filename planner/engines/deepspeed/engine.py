@@ -64,7 +64,8 @@ SUPPORT = EngineSupport(
                        "tensor parallelism: etp = tp"),
          ("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
          ("interleaving", "DeepSpeed's pipeline engine has no interleaved schedule"),
-         ("context_parallel", "DeepSpeed has no context parallelism of Megatron's kind"),
+         ("context_parallel", "DeepSpeed has no context parallelism of Megatron's kind, and its Ulysses sequence "
+                              "parallelism (sequence_parallel_size) is not priced: megatron and torchtitan run cp"),
          ("sequence_parallel", "DeepSpeed's AutoTP has no sequence parallelism"),
          ("recompute", "DeepSpeed checkpoints whole layers only (recompute none or full)"),
          ("partial_recompute", "DeepSpeed recomputes every layer or none"),
