@@ -1696,3 +1696,22 @@ def test_a_converter_filter_that_leaves_a_decoder_linear_in_bf16_is_refused(tmp_
             diagnose(toml_case, torchtitan=path)
         assert refused.value.key == "quantize.linear.float8.filter_fqns" and needle in refused.value.expected, \
             refused.value
+
+
+@pytest.mark.parametrize("method", ["allgather", "alltoall", "ring", "p2p"])
+def test_a_toml_context_parallel_rotate_method_torch_has_not_is_refused(tmp_path, method):
+    """torchtitan 0.2 hands [parallelism] context_parallel_rotate_method to torch's set_rotate_method,
+    which takes "allgather" (the default) or "alltoall" and raises NotImplementedError on any other
+    (torch/distributed/tensor/experimental/_attention.py): a job file saying "ring" was read and
+    priced as if it ran."""
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(LLAMA3_8B_TOML.replace("context_parallel_degree = 1", "context_parallel_degree = 2\n"
+                                           f'context_parallel_rotate_method = "{method}"'))
+    case = case_of("llama3-8b", 64, 32, 8192)  # local batch 1 over dp 32 (64 GPUs over cp 2)
+    if method in ("allgather", "alltoall"):
+        assert diagnose(case, torchtitan=path).estimate.job.layout.cp == 2
+        return
+    with pytest.raises(CaseError) as error:
+        diagnose(case, torchtitan=path)
+    assert error.value.key == "parallelism.context_parallel_rotate_method"
+    assert "expected allgather or alltoall" in error.value.expected

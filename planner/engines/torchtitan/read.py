@@ -952,6 +952,23 @@ def _cp_balanced(s: _Settings, cp: int) -> bool:
     return not unbalanced
 
 
+# The K/V exchanges torch's set_rotate_method takes (torch/distributed/tensor/experimental/_attention.py);
+# it raises NotImplementedError on any other. torchtitan 0.2 passes [parallelism]
+# context_parallel_rotate_method (default "allgather") to it; 0.3.0 has no such field.
+CP_ROTATE_METHODS = ("allgather", "alltoall")
+
+
+def _cp_rotate_method(s: _Settings, cp: int) -> None:
+    """A 0.2 job file's rotate method, refused where torch would raise at the first step with context
+    parallelism; the estimate prices either as the K/V exchange beside the attention."""
+    key = "parallelism.context_parallel_rotate_method"
+    value = s.string(key, "allgather")
+    if cp > 1 and value not in CP_ROTATE_METHODS:
+        raise CaseError(s.src, key, f"expected allgather or alltoall, got {one_line(value, 40)!r}: torch's "
+                                    "set_rotate_method raises on another (NotImplementedError) at the first step "
+                                    "with context parallelism")
+
+
 def _schedule(s: _Settings, pp: int) -> tuple[str, bool]:
     """(the schedule's name, whether a rank holds several stages), refused where not priced."""
     key = "parallelism.pipeline_parallel_schedule"
@@ -1551,6 +1568,7 @@ def read(path: Union[str, Path], case) -> Layout:
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
     _cp_balanced(s, d.cp)
+    _cp_rotate_method(s, d.cp)
     if s.cli and s.switch("debug.batch_invariant", False):
         raise CaseError(s.src, "debug.batch_invariant", "true (given or set by the base config): torchtitan refuses "
                                                         "the config (Trainer.Config.__post_init__, trainer.py: "
