@@ -211,6 +211,13 @@ class Plan:
     # stderr: a script reading the JSON alone could not tell its figures rest on such a profile.
     warnings: tuple[str, ...] = ()
     tokens: Optional[float] = None  # the run's tokens (`plan --tokens`), for the days the best takes
+    # Where the best's predicted peak is over the usable memory (within it only at its band's low end:
+    # more likely than not to run out by the model's own median), the fastest layout scored whose
+    # predicted peak fits, and the fastest that fits at its band's upper end (:func:`surer_layouts`);
+    # None where the best fits as predicted, or where the search scored no such layout. The pick stays
+    # what the margin gives (docs/robust-plans.md): these say what a layout that fits costs.
+    fits_as_predicted: Optional[Estimate] = None
+    fits_at_band_upper: Optional[Estimate] = None
 
     @property
     def days(self) -> Optional[float]:
@@ -308,6 +315,15 @@ class Plan:
         return (f"{figure_text(gap, 3)} s slower per step ({gap / self.best.step_time_s:+.1%}), mostly "
                 f"{part.removesuffix('_s')} ({figure_text(mine[part], 3)} s → {figure_text(theirs[part], 3)} s)")
 
+    def _surer_dict(self, surer: Optional[Estimate]) -> Optional[dict[str, Any]]:
+        """A layout surer to fit than the best (``fits_as_predicted``, ``fits_at_band_upper``) as the JSON
+        gives it: its estimate, what differs from the best, and its step's cost against the best's (a share)."""
+        if surer is None:
+            return None
+        best = self.picked("Plan._surer_dict")
+        return {**surer.to_dict(), "differs_from_best": self.differences(surer),
+                "step_time_cost": surer.step_time_s / best.step_time_s - 1}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
@@ -331,7 +347,9 @@ class Plan:
              # Why no margin was weighed on CPUs (margin_set_by "no_band"), as estimate's no_band says why no band.
              "no_gap": NO_GAP if self.margin_set_by == "no_band" else None,
              "fastest": {**self.fastest.to_dict(), "differs_from_best": self.differences(self.fastest)}
-             if self.fastest is not None else None},
+             if self.fastest is not None else None,
+             "fits_as_predicted": self._surer_dict(self.fits_as_predicted),
+             "fits_at_band_upper": self._surer_dict(self.fits_at_band_upper)},
             "search": {"scored": self.scored, "fitting": self.fitting, "pruned": self.pruned},
             "notes": list(self.notes),
             "warnings": list(self.warnings),
@@ -651,11 +669,32 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         return estimate_job(case, table[index].searched_job, table[index].time)
 
     best, fastest_layout = estimate_of(chosen), estimate_of(fastest_index) if chosen != fastest_index else None
+    as_predicted, at_upper = surer_layouts(best, result.candidates, spec.headroom)
     return Plan(status, best, tuple(estimate_of(i) for i in alternatives),
                 result.scored, len(result.candidates), pruned=result.pruned,
                 candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates), headroom=spec.headroom,
                 picked_on=picked_on(best, fastest_layout, spec.headroom), margin=margin if robust else 0.0,
-                margin_set_by=_margin_set_by(case, simplest_within, fastest), fastest=fastest_layout)
+                margin_set_by=_margin_set_by(case, simplest_within, fastest), fastest=fastest_layout,
+                fits_as_predicted=None if as_predicted is None else
+                estimate_job(case, as_predicted.searched_job, as_predicted.time),
+                fits_at_band_upper=None if at_upper is None else
+                estimate_job(case, at_upper.searched_job, at_upper.time))
+
+
+def surer_layouts(best: Estimate, scored: list[Candidate],
+                  headroom: float) -> tuple[Optional[Candidate], Optional[Candidate]]:
+    """Where ``best``'s predicted peak is over the usable memory (``search_memory.fit_tier`` 2), the
+    fastest of the ``scored`` layouts that fit whose predicted peak fits (tier 1 or 0), and the fastest
+    that fits at its memory band's upper end (tier 0); (None, None) where the best's predicted peak fits.
+    Drawn from what the search scored (every layout it kept, with the safer twins of those within the
+    margin), not a search of their own: a layout it skipped as too slow to be among the top_k + 1 or
+    within the table's slack is not weighed."""
+    if fit_tier(best.job, best.peak.total, headroom) < 2:
+        return None, None
+    tiers = [(fit_tier(c.searched_job, c.peak_bytes, headroom), c) for c in scored]
+    as_predicted = min((c for tier, c in tiers if tier <= 1), key=lambda c: c.step_time_s, default=None)
+    at_upper = min((c for tier, c in tiers if tier == 0), key=lambda c: c.step_time_s, default=None)
+    return as_predicted, at_upper
 
 
 def picked_on(best: Estimate, fastest: Optional[Estimate], headroom: float) -> str:

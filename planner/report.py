@@ -250,6 +250,32 @@ def _tflops(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def _print_surer(plan, console: Console) -> None:
+    """After the "at risk" line of a pick whose predicted peak is over the usable memory: the fastest
+    layout scored that fits as predicted and the fastest that fits at its band's upper end, with what
+    each costs (`Plan.fits_as_predicted`, `Plan.fits_at_band_upper`); one line where they are one layout."""
+    best, named = plan.best, [(plan.fits_as_predicted, "whose predicted peak fits"),
+                              (plan.fits_at_band_upper, "that fits at its memory band's upper end")]
+    if plan.fits_as_predicted is not None and plan.fits_at_band_upper is not None \
+            and plan.fits_as_predicted.job.layout == plan.fits_at_band_upper.job.layout:
+        named = [(plan.fits_as_predicted, "whose predicted peak fits, and at its memory band's upper end")]
+    from .plan import _told_apart
+
+    said_margin = False
+    for est, what in named:
+        if est is None:
+            continue
+        cost = est.step_time_s / best.step_time_s - 1
+        # Beside the margin, to the decimals that tell them apart: "+7.9%" beyond a 7.9 % margin read as within.
+        shown, margin = _told_apart(cost, plan.margin)
+        beyond = "" if said_margin or not plan.margin else f"; the pick weighs layouts within {margin} of the fastest"
+        said_margin = True
+        console.print(f"the fastest layout scored {what}: {_changes(plan.differences(est))}, peak "
+                      f"{est.peak.total / GB:.1f} GB, step {figure_text(est.step_time_s, 3)} s "
+                      f"({'+' if cost >= 0 else ''}{shown} against the pick{beyond}), {est.tokens_per_s:,.0f} tokens/s",
+                      markup=False)
+
+
 def print_plan(plan, console: Console) -> None:
     """The best layout, its runners-up and why the first of them lost; or why nothing fits."""
     if plan.best is None:
@@ -257,6 +283,7 @@ def print_plan(plan, console: Console) -> None:
         return
     best = plan.best
     print_estimate(best, console)
+    _print_surer(plan, console)
     if plan.days is not None:  # `size`'s figure, for this layout on these GPUs
         spread = "no 80% band" if plan.days_band is None else \
             f"80% band {figure_text(plan.days_band[0], 1)}–{figure_text(plan.days_band[1], 1)}"

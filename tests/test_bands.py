@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import re
 
 import pytest
 import yaml
@@ -192,7 +193,8 @@ def test_on_cpus_the_plan_picks_the_fastest_not_within_the_gpu_sweeps_gap(tmp_pa
     p = planner.plan(case, top_k=0)
     assert p.best.job.layout == raw.job.layout and p.best.step_time_s == raw.step_time_s
     assert p.to_dict()["pick"] == {"made_on": "speed", "margin": 0.0, "margin_set_by": "no_band",
-                                   "no_gap": bands.NO_GAP, "fastest": None}
+                                   "no_gap": bands.NO_GAP, "fastest": None,
+                                   "fits_as_predicted": None, "fits_at_band_upper": None}
     # No engine named: the engines' bests are decided between by the same rule.
     named_none = planner.plan({**case, "training": {**case["training"], "engine": None}}, top_k=0).to_dict()["pick"]
     assert (named_none["margin"], named_none["margin_set_by"], named_none["no_gap"]) == (0.0, "no_band", bands.NO_GAP)
@@ -627,3 +629,48 @@ def test_a_profiles_device_as_torch_names_it_has_its_generation(device, generati
     driver's product name: "NVIDIA H100 80GB HBM3"), which no preset prefix matched: its band fell back past
     its generation as an unknown GPU's."""
     assert bands.generation(device) == generation
+
+
+# DeepSeek-V3 on 256 H100s at 1,024 × 4,096 tokens in fp8 under torchtitan, as a new user wrote it.
+DEEPSEEK_V3_TORCHTITAN = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "h100", "num_gpus": 256},
+                          "training": {"global_batch_size": 1024, "seq_len": 4096, "precision": "fp8"}}
+
+
+def test_a_pick_over_the_usable_memory_as_predicted_names_the_fastest_layouts_that_fit(tmp_path):
+    """The pick (dp 256, ep 8, ZeRO 3, full recomputation, micro-batch 4) is predicted at 86.0 GB of 84.0
+    usable: more likely than not to run out of memory by the model's own median. Every layout within the
+    7.9 % margin is as far over; ep 16, predicted at 83.2 GB, is 7.92 % slower and the offloaded one,
+    43.3 GB, 13.5 %. The report said neither existed. Each named layout is checked against the search's
+    own scored list (``Plan.candidates``: step and peak of every fitting layout it scored) and, estimated
+    alone, against the usable memory and the memory band."""
+    result = planner.plan(DEEPSEEK_V3_TORCHTITAN, engine="torchtitan")
+    best, usable, high = result.best, result.best.usable_bytes, result.best.memory_band.high
+    assert best.peak.total > usable
+    named = {"fits_as_predicted": (result.fits_as_predicted, lambda peak: peak <= usable),
+             "fits_at_band_upper": (result.fits_at_band_upper, lambda peak: peak * high <= usable)}
+    for key, (est, fits) in named.items():
+        assert est is not None, key
+        # The least step of the scored layouts that fit so, and one of them: the named layout.
+        least = min(step for step, peak in result.candidates if fits(peak))
+        assert est.step_time_s == least and (est.step_time_s, est.peak.total) in result.candidates, key
+        alone = planner.estimate({**DEEPSEEK_V3_TORCHTITAN, "training": {**DEEPSEEK_V3_TORCHTITAN["training"],
+                                                                         "engine": "torchtitan"},
+                                  "layout": est.layout_mapping()})
+        assert fits(alone.peak.total) and alone.step_time_s == pytest.approx(est.step_time_s), key
+        assert est.step_time_s > best.step_time_s * (1 + result.margin), key  # beyond the margin: not the pick
+        pick = result.to_dict()["pick"][key]
+        assert pick["step_time_s"] == est.step_time_s and pick["layout"] == est.layout_mapping()
+        assert pick["step_time_cost"] == pytest.approx(est.step_time_s / best.step_time_s - 1)
+    assert result.fits_at_band_upper.memory_verdict == "fits"
+    assert result.fits_as_predicted.peak.total <= usable < result.fits_as_predicted.peak.total * high
+    # --fastest still returns the raw optimum, and a pick that fits as predicted names nothing.
+    raw = planner.plan(DEEPSEEK_V3_TORCHTITAN, engine="torchtitan", fastest=True)
+    assert raw.best.step_time_s == min(step for step, _ in raw.candidates)
+    case = tmp_path / "ds.yaml"
+    case.write_text(yaml.safe_dump(DEEPSEEK_V3_TORCHTITAN))
+    out = run_cli("plan", str(case), "--engine", "torchtitan").stdout
+    lines = " ".join(out.split())
+    said = re.search(r"the fastest layout scored whose predicted peak fits: .*? \(\+([0-9.]+)% against the pick", lines)
+    assert said and float(said.group(1)) / 100 == pytest.approx(
+        result.fits_as_predicted.step_time_s / best.step_time_s - 1, abs=5e-3)
+    assert "that fits at its memory band's upper end" in lines
