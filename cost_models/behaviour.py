@@ -29,6 +29,9 @@ QUANTIZED_GATHER_ZERO_STAGES = (1, 3)
 LOSS_GRADIENT_BYTES = {"megatron": 2.0, "eager": 8.0}
 LOSSES = tuple(LOSS_GRADIENT_BYTES)
 
+# The context-parallel K/V exchanges ``EngineBehaviour.cp_exchange`` and ``TrainingSpec.cp_exchange`` name.
+CP_EXCHANGES = ("p2p", "kv_gather", "allgather", "alltoall")
+
 
 # DeepEP's NVLink peers: its Buffer joins at most this many consecutive ranks of its group over NVLink and
 # the rest as RDMA ranks (csrc/kernels/configs.cuh:3, NUM_MAX_NVL_PEERS 8; csrc/deep_ep.cpp:160,
@@ -473,6 +476,13 @@ class EngineBehaviour:
     # cp_comm_type a2a for a window (``attn_forward_func_with_cp``), its ring (p2p) taking full
     # causal attention only (``stage_time.cp_exposed_per_layer``).
     cp_all_to_all_for_windows: bool = False
+    # How context parallelism exchanges K and V (``CP_EXCHANGES``, priced by
+    # ``stage_time.cp_exposed_per_layer``): "p2p", Megatron-core's ring of K/V chunks overlapped with the
+    # attention (``AttnFuncWithCPAndKVP2P``); "kv_gather", K and V all-gathered before the attention and
+    # their gradients reduce-scattered after it, nothing overlapped (torchtitan 0.3.0); "allgather" and
+    # "alltoall", torch's ring attention under each of its rotate methods (torch 2.13,
+    # ``torch/distributed/tensor/experimental/_context_parallel/_attention.py``, ``set_rotate_method``).
+    cp_exchange: str = "p2p"
     # The low-precision recipes whose weights the engine keeps quantized, and gathers so, where a
     # job does not say (``TrainingSpec.fp8_param_gather`` None), at QUANTIZED_GATHER_ZERO_STAGES.
     # Megatron-Bridge's precision configs (``training/mixed_precision.py``) set it for delayed and
@@ -507,6 +517,8 @@ class EngineBehaviour:
                              f"got {self.grouped_gemm_streams}")
         if self.quantizer not in QUANTIZERS:
             raise ValueError(f"EngineBehaviour.quantizer: expected one of {QUANTIZERS}, got {self.quantizer!r}")
+        if self.cp_exchange not in CP_EXCHANGES:
+            raise ValueError(f"EngineBehaviour.cp_exchange: expected one of {CP_EXCHANGES}, got {self.cp_exchange!r}")
 
     @property
     def costs_per_collective(self) -> bool:

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Optional
 
 from .activations import logit_shards, selective_modules
-from .collectives import all_to_all_time, collective_time, exposed, p2p_time
+from .collectives import all_to_all_time, collective_time, exposed, latency, p2p_time
 from .experts import dispatch_combine_time, moe_recompute_time
 from .flops import Gemm, head_gemm, mtp_projection_gemm
 from .kernels import gemm_time, high_precision_precision, in_place_time
@@ -38,6 +38,8 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
         return 0.0
     if cp_runs_all_to_all(model, training):
         return cp_all_to_all_per_layer(model, training, cluster, tp, cp, micro_batch_size)
+    if cp_exchange(training) != "p2p":
+        return cp_torch_exposed_per_layer(model, training, cluster, tp, cp, micro_batch_size, core)
     perf = cluster.gpu.performance
     cp_links = cp_group_links(cluster, tp, cp)
     kv = activation_bytes(training.precision) * micro_batch_size * (training.seq_len / cp) * 2 * \
@@ -49,6 +51,111 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     exposed_fwd = steps * wait + exposed(steps * (hop - wait), core, perf)
     exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core, perf)
     return exposed_fwd + exposed_bwd
+
+
+def cp_exchange(training: TrainingSpec) -> str:
+    """The K/V exchange the job's context parallelism runs (``behaviour.CP_EXCHANGES``): the job's
+    where it says (a torchtitan 0.2 job file's rotate method), else the engine's."""
+    return training.cp_exchange or training.engine.cp_exchange
+
+
+# torch's ring attention accumulates and rotates the K/V gradients in fp32: _ContextParallelOptions
+# convert_to_f32 True, which nothing in torch or torchtitan turns off (torch 2.13,
+# torch/distributed/tensor/experimental/_context_parallel/_attention.py).
+TORCH_RING_GRAD_BYTES = 4
+
+
+def cp_kv_shard_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int,
+                      micro_batch_size: int) -> tuple[float, float]:
+    """(K, V) bytes of one layer one context-parallel rank holds for one micro-batch: its seq/cp
+    tokens of its kv_heads/tp heads, head_dim (K) and value_head_dim (V) wide, in the activations'
+    dtype. torchtitan 0.3.0 hands K and V to the attention at their own heads (``enable_gqa``,
+    models/common/attention.py), not repeated to the query heads."""
+    elements = micro_batch_size * (training.seq_len / cp) * max(model.num_kv_heads // tp, 1)
+    size = activation_bytes(training.precision)
+    return size * elements * model.head_dim, size * elements * model.value_head_dim
+
+
+def cp_torch_collectives(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
+                         exchange: str) -> dict[str, tuple[tuple[str, float], ...]]:
+    """The collectives one context-parallel rank issues per layer per micro-batch under a torch
+    exchange, {"forward": ..., "backward": ...}, each (kind, bytes) in issue order: kind "all_gather" or
+    "reduce_scatter" with the full buffer (``collectives.collective_time``'s convention), or
+    "permute", one rank's send to the next (``ft_c.permute_tensor``, dsts rank + 1).
+
+    - "kv_gather" (torchtitan 0.3.0: under its default ``spmd_types`` backend the attention's
+      ShardingConfig takes K and V Replicate on cp and their gradients Partial,
+      models/common/decoder_sharding.py; under ``partial_dtensor`` ``apply_cp_to_forward`` calls torch's
+      ``flex_cp_allgather``, _context_parallel/_cp_custom_ops.py, for FlexAttention, the registries'
+      default ``attn_backend``): all_gather_single of K, then of V; backward reduce_scatter_single of
+      their gradients, in the activations' dtype.
+    - "allgather" and "alltoall" (torch's ring attention for SDPA, _context_parallel/_attention.py
+      ``_templated_ring_attention`` and ``_templated_ring_attention_backward``): the rotater of K and V
+      cat together (``_AllGatherRotater``: one all_gather_single of the cp shards at the first step;
+      ``_AllToAllRotater``: a permute at each of the first cp − 1 steps), in forward and again in
+      backward; the backward's K/V gradients always by ``_AllToAllRotater``, one permute at each of the cp
+      steps, in fp32 (:data:`TORCH_RING_GRAD_BYTES`), issue order interleaved step by step."""
+    k, v = cp_kv_shard_bytes(model, training, tp, cp, micro_batch_size)
+    if exchange == "kv_gather":
+        return {"forward": (("all_gather", cp * k), ("all_gather", cp * v)),
+                "backward": (("reduce_scatter", cp * k), ("reduce_scatter", cp * v))}
+    if exchange == "allgather":
+        kv = (("all_gather", cp * (k + v)),)
+    elif exchange == "alltoall":
+        kv = (("permute", k + v),) * (cp - 1)
+    else:
+        raise ValueError(f"cp_torch_collectives: no torch exchange {exchange!r}")
+    grad = ("permute", (k + v) * TORCH_RING_GRAD_BYTES / activation_bytes(training.precision))
+    # Backward step i issues its K/V rotation (if any), then, after its attention, the gradients' permute.
+    backward = tuple(op for i in range(cp) for op in (kv[i:i + 1] if exchange == "alltoall" else kv if i == 0 else ()) + (grad,))
+    return {"forward": kv, "backward": backward}
+
+
+def cp_torch_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                               micro_batch_size: int, core: float) -> float:
+    """Context-parallel time one layer cannot hide, forward and backward, for one micro-batch whose
+    attention core's forward takes ``core``, under a torch exchange (:func:`cp_torch_collectives`).
+
+    "kv_gather": each collective is waited before the attention runs, or after its backward: nothing
+    hides. The ring ("allgather", "alltoall"): a load-balanced rank runs a cp-th of its attention at each
+    of the cp steps (head-tail sharding: the diagonal pair of chunks, then half of each other block,
+    ``_templated_ring_attention``'s Note); a collective issued at one step runs beside that step's
+    attention and is waited at the next. ``_AllGatherRotater``'s one all-gather hides behind the first
+    step only; a permute behind its own step. In backward (twice the forward per step) the K/V rotation
+    issued at step i and the gradients' permute issued at the end of step i − 1 run beside step i, and
+    the last gradients' permute, waited after the loop, hides behind nothing. Each wait's latency shows."""
+    exchange = cp_exchange(training)
+    links = cp_group_links(cluster, tp, cp)
+    perf = cluster.gpu.performance
+    crosses = links.domains > 1
+    hop_wait = links.inter_latency if crosses else perf.link_latency_s
+
+    def timed(kind: str, size: float) -> tuple[float, float]:  # (seconds, latency no compute hides)
+        if kind == "permute":
+            return p2p_time(size, crosses, links, perf), hop_wait
+        return collective_time(kind, size, links, perf), latency(kind, links, perf)
+
+    def beside(comms, compute: float) -> float:
+        total = sum(seconds for seconds, _ in comms)
+        waits = sum(wait for _, wait in comms)
+        return waits + exposed(total - waits, compute, perf) if comms else 0.0
+
+    passes = cp_torch_collectives(model, training, tp, cp, micro_batch_size, exchange)
+    if exchange == "kv_gather":
+        return sum(timed(kind, size)[0] for kind, size in passes["forward"] + passes["backward"])
+    step = core / cp
+    kv = [timed(kind, size) for kind, size in passes["forward"]]
+    grad_ops = list(passes["backward"])
+    for op in passes["forward"]:  # what the backward issues beyond the forward's rotation: the gradients
+        grad_ops.remove(op)
+    grads = [timed(kind, size) for kind, size in grad_ops]
+    # The K/V rotation in flight at each step: all of it at step 0 (all-gather), or one permute at each
+    # of steps 0 .. cp − 2.
+    rotation = [kv if exchange == "allgather" and i == 0 else kv[i:i + 1] if exchange == "alltoall" else []
+                for i in range(cp)]
+    forward = sum(beside(rotation[i], step) for i in range(cp))
+    backward = sum(beside(rotation[i] + grads[i - 1:i] if i else rotation[i], 2 * step) for i in range(cp))
+    return forward + backward + beside(grads[-1:], 0.0)
 
 
 def cp_runs_all_to_all(model: ModelSpec, training: TrainingSpec) -> bool:

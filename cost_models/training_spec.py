@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .behaviour import GENERIC, LOSSES, EngineBehaviour
+from .behaviour import CP_EXCHANGES, GENERIC, LOSSES, EngineBehaviour
 from .frozen import cached_hash, cached_property, state_without_hash
 from .quantization import FP8_RECIPES, Recipe, recipe_for
 from .spec_checks import SpecError, _choice, _positive_int
@@ -95,6 +95,10 @@ class TrainingSpec:
     # rather than a FlashAttention-2-class one, timed at ``Performance.attention_efficiency_fused``
     # (``EngineBehaviour.fused_attention``). None: the engine's default (``attention_fused``).
     fused_attention: Optional[bool] = None
+    # How context parallelism exchanges K and V (``behaviour.CP_EXCHANGES``): a torchtitan 0.2 job file's
+    # ``context_parallel_rotate_method`` ("allgather", "alltoall"), read by diagnose; no case key sets it.
+    # None: the engine's (``EngineBehaviour.cp_exchange``).
+    cp_exchange: Optional[str] = None
 
     def __post_init__(self) -> None:
         s = TrainingSpec
@@ -155,6 +159,8 @@ class TrainingSpec:
             _choice(s, "expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
         if self.loss is not None:
             _choice(s, "loss", self.loss, LOSSES)
+        if self.cp_exchange is not None:
+            _choice(s, "cp_exchange", self.cp_exchange, CP_EXCHANGES)
         if self.fp8_param_gather and self.precision not in ("fp8", "mxfp8", "nvfp4"):
             raise SpecError(s, "fp8_param_gather", f"applies only to a low precision (fp8, mxfp8, nvfp4), "
                                                    f"not {self.precision}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from cost_models.activations import chunked_loss, loss_chunks
+from cost_models.stage_time import cp_exchange
 
 from planner.engines import ENGINES
 from planner.errors import CaseError
@@ -172,6 +173,11 @@ def check(estimate) -> None:
     if estimate.job.model.mtp_layers and not (exact and module == "deepseek_v3"):
         raise _refuse("model.mtp_layers: torchtitan builds multi-token prediction layers into its own DeepSeek-V3 "
                       "configs only (671B, 16B); this model is neither")
+    if job.layout.cp > 1 and cp_exchange(job.training) in ("allgather", "alltoall"):
+        # 0.3.0 runs context parallelism as FlexAttention's K/V gather (EngineBehaviour.cp_exchange); the
+        # emitted files cannot run the torch ring a case asked the plan to price instead.
+        raise _refuse(f"training.cp_exchange: the plan priced torch's ring attention ({cp_exchange(job.training)}), "
+                      "but torchtitan 0.3.0 runs context parallelism as FlexAttention's K/V all-gather (kv_gather)")
 
 
 def stage_modules(estimate) -> list[list[str]]:
@@ -256,7 +262,10 @@ def settings(estimate) -> dict[str, Any]:
                         else "fused"}
     if training.recipe is not None:
         out["converters"] = converters(job)
-    if needs_flex_attention(job):
+    if lay.cp > 1:
+        # The K/V exchange the plan priced with cp is FlexAttention's all-gather (stage_time.cp_exchange,
+        # kv_gather): written whatever the registry's default (flex for llama3, qwen3, deepseek_v3; varlen,
+        # which refuses cp, for gpt_oss), so that a changed default cannot run another exchange.
         out["attn_backend"] = "flex"
     if job.model.mtp_layers:
         out["mtp_layers"] = job.model.mtp_layers

@@ -73,6 +73,13 @@ BEHAVIOUR = EngineBehaviour(
     # distributed/pipeline_parallel.py builds torch's ScheduleInterleaved1F1B with local_batch_size //
     # pipeline_parallel_microbatch_size micro-batches, checking only that the micro-batch divides the batch.
     interleaving_rounds=True,
+    # Context parallelism gathers K and V whole before the attention and reduce-scatters their gradients
+    # after it (``stage_time.cp_torch_collectives``): torchtitan 0.3.0's registries build FlexAttention
+    # (models/*/__init__.py model_registry, attn_backend "flex"; the emitter pins it with cp) and its
+    # default spmd_types backend takes K/V Replicate on cp (models/common/decoder_sharding.py), as
+    # partial_dtensor's apply_cp_to_forward does through torch's flex_cp_allgather. torch's ring
+    # attention (rotate methods) runs only for SDPA: a 0.2 job file's (``TrainingSpec.cp_exchange``).
+    cp_exchange="kv_gather",
 )
 
 PARAM_PRECISIONS = ("bf16", "fp32", "fp8", "mxfp8", "nvfp4")

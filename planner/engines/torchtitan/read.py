@@ -219,7 +219,8 @@ KEY_OF_FIELD = {
 # Where it states the training settings read_training reads.
 SETTING_KEYS = {"compiled_loss": "compile.components", "tp_comm_overlap": "compile.enable_async_tensor_parallel",
                 "loss_chunks": "loss.num_chunks", "chunked_loss": "loss.num_chunks",
-                "optimizer_moments": "optimizer.implementation"}
+                "optimizer_moments": "optimizer.implementation",
+                "cp_exchange": "parallelism.context_parallel_rotate_method"}
 
 
 @dataclass(frozen=True)
@@ -956,17 +957,19 @@ def _cp_balanced(s: _Settings, cp: int) -> bool:
 # it raises NotImplementedError on any other. torchtitan 0.2 passes [parallelism]
 # context_parallel_rotate_method (default "allgather") to it; 0.3.0 has no such field.
 CP_ROTATE_METHODS = ("allgather", "alltoall")
+CP_ROTATE_KEY = "parallelism.context_parallel_rotate_method"
 
 
-def _cp_rotate_method(s: _Settings, cp: int) -> None:
+def _cp_rotate_method(s: _Settings, cp: int) -> str:
     """A 0.2 job file's rotate method, refused where torch would raise at the first step with context
-    parallelism; the estimate prices either as the K/V exchange beside the attention."""
-    key = "parallelism.context_parallel_rotate_method"
+    parallelism; the estimate prices the one that runs (``stage_time.cp_torch_collectives``)."""
+    key = CP_ROTATE_KEY
     value = s.string(key, "allgather")
     if cp > 1 and value not in CP_ROTATE_METHODS:
         raise CaseError(s.src, key, f"expected allgather or alltoall, got {one_line(value, 40)!r}: torch's "
                                     "set_rotate_method raises on another (NotImplementedError) at the first step "
                                     "with context parallelism")
+    return value
 
 
 def _schedule(s: _Settings, pp: int) -> tuple[str, bool]:
@@ -1721,7 +1724,9 @@ def read_training(path: Union[str, Path], case) -> dict:
       (``--loss.num_chunks 1``), which runs its one chunk as it runs eight (``activations.chunked_loss``),
       or a loss on whole logits (a job file, a base config's CrossEntropyLoss);
     - ``optimizer_moments``: bf16 where ``optimizer.implementation`` is "fused_opt_states_bf16" (on the
-      command line or in its base config), fp32 otherwise."""
+      command line or in its base config), fp32 otherwise;
+    - ``cp_exchange`` (a 0.1 or 0.2 job file with context parallelism): torch's ring attention under
+      ``parallelism.context_parallel_rotate_method`` ("allgather" by default), which its SDPA runs."""
     path = Path(path)
     s = _load(path)
     enabled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
@@ -1742,6 +1747,10 @@ def read_training(path: Union[str, Path], case) -> dict:
         # A job file is torchtitan 0.1's or 0.2's, whose loss ran on whole logits (components/loss.py at
         # v0.2.2 has no ChunkedLossWrapper).
         settings.update(loss_chunks=1, chunked_loss=False)
+        if s.integer("parallelism.context_parallel_degree", 1) > 1:
+            # 0.2 runs its attention through SDPA, whose context parallelism is torch's ring attention
+            # under the rotate method the file names (train.py: set_rotate_method).
+            settings["cp_exchange"] = _cp_rotate_method(s, 2)
     elif (chunks := s.integer("loss.num_chunks", None)) is not None:
         settings["loss_chunks"] = chunks
         if chunks == 1:
@@ -1782,7 +1791,8 @@ def with_training(case, path: Union[str, Path], settings: dict):
                     "chunked_loss": "runs its LM head and loss in ChunkedLossWrapper (one chunk)" if value
                     else "runs its loss on whole logits",
                     "optimizer_moments": "keeps Adam's moments in bf16 (fused_opt_states_bf16)" if value == "bf16"
-                    else "keeps Adam's moments in fp32 (an implementation other than fused_opt_states_bf16)"}[key]
+                    else "keeps Adam's moments in fp32 (an implementation other than fused_opt_states_bf16)",
+                    "cp_exchange": f"runs torch's ring attention rotating K and V by {value}"}[key]
             raise CaseError(str(path), SETTING_KEYS[key], f"the job {runs}, but the case {case.source} says "
                                                           f"training.{key}: {str(said).lower()}")
     return replace(case, training=replace(requested, **changes)) if changes else case
