@@ -130,6 +130,7 @@ def forward_activation_bytes(job: Job) -> float:
 def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]):
     """Load ``case``; with ``profile``, its GPU is the profile's (``cluster.profile``), whatever the case says."""
     from planner.case import build_case, load_case
+    from planner.fields import describe
     from planner.inputs import read_yaml
 
     if profile is None:
@@ -140,9 +141,11 @@ def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str,
     if not profile.is_file():  # a folder (an empty --profile is the working directory), a pipe, a device
         raise CaseError(str(profile), "--profile", "expected a profile file (YAML), got a directory"
                         if profile.is_dir() else "expected a profile file (YAML), got no regular file")
-    # Read here, so that a profile that is no YAML is said of the --profile file given, not of the case's
-    # cluster.profile key the case file never wrote (which the profile is put under below).
-    read_yaml(profile)
+    # Read here, so that a profile that is no YAML, or YAML but no mapping (a string, nothing, a list), is said
+    # of the --profile file given, not of the case's cluster.profile key the case file never wrote (which the
+    # profile is put under below).
+    if not isinstance(read := read_yaml(profile), dict):
+        raise CaseError(str(profile), "--profile", f"expected a mapping (a hardware profile), got {describe(read)}")
     if isinstance(case, dict):
         data, source, base = dict(case), "<case>", Path.cwd()
     else:

@@ -386,3 +386,16 @@ def test_a_profile_that_is_no_yaml_is_said_of_the_profile_given_not_of_the_case(
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
     assert run.stderr.startswith(f"error: {bad}: expected valid YAML"), run.stderr
     assert "cluster.profile" not in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("text, got", [("just a string\n", "str"), ("", "nothing"), ("[1, 2]\n", "list")])
+def test_a_profile_that_is_no_mapping_is_said_of_the_profile_given_not_of_the_case(tmp_path, text, got):
+    """validate CASE --profile p.yaml with p.yaml valid YAML but no mapping (a string, nothing, a list) said
+    `error: case.yaml: cluster.profile: /…/p.yaml: expected a mapping`: the case file, and a key it never wrote
+    (validate puts --profile there). Said of the file given and --profile, before anything runs."""
+    bad = tmp_path / "p.yaml"
+    bad.write_text(text)
+    with pytest.raises(CaseError) as raised:
+        validate(case(), profile=bad, steps=1, warmup=0, allow_busy=True)
+    assert str(raised.value).startswith(f"{bad}: --profile: expected a mapping"), str(raised.value)
+    assert got in str(raised.value) and "cluster.profile" not in str(raised.value)
