@@ -316,8 +316,11 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
         est = estimate(loaded)
     if not est.fits:  # the ranks would only die out of memory, or swap for hours
-        raise DoesNotFit(f"{loaded.source}: layout: does not fit in the profile's {est.capacity_bytes / 1e9:.1f} GB "
-                         f"(peak {est.peak.total / 1e9:.1f} GB, {est.largest_term} the largest term); nothing run")
+        # Said against the limit the peak was held to (the capacity less the headroom and what lives outside the
+        # allocator, over the memory band's low end), not the capacity: "does not fit in 1.3 GB (peak 0.5 GB)".
+        raise DoesNotFit(f"{loaded.source}: layout: does not fit: peak {est.peak.total / 1e9:.1f} GB, above the "
+                         f"{est.fit_limit_bytes / 1e9:.1f} GB a peak may reach of the profile's "
+                         f"{est.capacity_bytes / 1e9:.1f} GB ({est.largest_term} the largest term); nothing run")
     others = other_cpu_share()
     used = gpu_use(spec.dp) if spec.device == "cuda" else None
     profiled = profiled_speed(machine) if spec.device == "cpu" else None

@@ -399,3 +399,24 @@ def test_a_profile_that_is_no_mapping_is_said_of_the_profile_given_not_of_the_ca
         validate(case(), profile=bad, steps=1, warmup=0, allow_busy=True)
     assert str(raised.value).startswith(f"{bad}: --profile: expected a mapping"), str(raised.value)
     assert got in str(raised.value) and "cluster.profile" not in str(raised.value)
+
+
+def test_a_layout_that_does_not_fit_is_refused_naming_the_limit_its_peak_passed(tmp_path, monkeypatch):
+    """validate refused a layout as `does not fit in the profile's 1.3 GB (peak 0.5 GB, …)`: the capacity, where
+    the peak was held to what a layout may use of it (less the headroom and what lives outside the allocator,
+    `Estimate.fit_limit_bytes`), so the one line contradicted itself. The line names that limit, which the peak
+    is above; nothing runs (exit 3 in the CLI)."""
+    import calibration.validate as validation
+    from calibration.validate import DoesNotFit
+
+    monkeypatch.setattr(validation, "launch", lambda *a, **k: pytest.fail("ran a layout that does not fit"))
+    # 1.25 GiB: above the tiny model's 0.5 GB peak, but less the 1 GiB outside the allocator, below it.
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({**PROFILE, "gpu": {**PROFILE["gpu"], "memory": "1.25 GiB"}}))
+    est = validation.estimate(validation.load_with_profile(case(micro_batch_size=1), small))
+    assert est.fit_limit_bytes < est.peak.total < est.capacity_bytes  # the case this test is about
+    with pytest.raises(DoesNotFit) as raised:
+        validate(case(micro_batch_size=1), small, steps=1, warmup=0, allow_busy=True)
+    message = str(raised.value)
+    assert message.startswith("<case>: layout: does not fit") and "\n" not in message, message
+    assert f"peak {est.peak.total / 1e9:.1f} GB, above the {est.fit_limit_bytes / 1e9:.1f} GB" in message, message
