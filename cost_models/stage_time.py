@@ -25,21 +25,31 @@ from .tp_time import (column_linear_backward_time, column_linear_input_widths, c
                       cross_domain_tp_floor, moe_layer_tp_share, tp_collectives_per_pass, tp_exposed_per_layer)
 
 
-@lru_cache(maxsize=4096)
 def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                          micro_batch_size: int, core: float) -> float:
     """Context-parallel time one layer cannot hide, forward and backward, for one micro-batch whose
-    attention core's forward takes ``core``: each layer's K and V chunks travel around the cp ring
-    (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped with the
-    attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``). Each ring step waits for its block:
-    the transfer's latency is never hidden, and what the step's attention cannot cover of the rest
-    shows. Cached: the stages of a search's layouts share a few shapes."""
+    attention core's forward takes ``core`` (:func:`cp_exposed_passes`, both passes)."""
+    return sum(cp_exposed_passes(model, training, cluster, tp, cp, micro_batch_size, core))
+
+
+@lru_cache(maxsize=4096)
+def cp_exposed_passes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                      micro_batch_size: int, core: float) -> tuple[float, float]:
+    """Context-parallel time one layer cannot hide, (forward, backward), for one micro-batch whose
+    attention core's forward takes ``core``. The forward's part runs again wherever the attention's
+    forward is recomputed (``_stage_time``). Under Megatron's p2p ring each layer's K and V chunks
+    travel around the cp ring (cp − 1 steps) in forward, and K, V plus their gradients in backward,
+    overlapped with the attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``). Each ring step waits
+    for its block: the transfer's latency is never hidden, and what the step's attention cannot cover
+    of the rest shows. Cached: the stages of a search's layouts share a few shapes."""
     if cp == 1:
-        return 0.0
+        return 0.0, 0.0
     if cp_runs_all_to_all(model, training):
-        return cp_all_to_all_per_layer(model, training, cluster, tp, cp, micro_batch_size)
+        # The same exchanges before and after the core, in forward as in backward.
+        half = cp_all_to_all_per_layer(model, training, cluster, tp, cp, micro_batch_size) / 2
+        return half, half
     if cp_exchange(training) != "p2p":
-        return cp_torch_exposed_per_layer(model, training, cluster, tp, cp, micro_batch_size, core)
+        return cp_torch_exposed_passes(model, training, cluster, tp, cp, micro_batch_size, core)
     perf = cluster.gpu.performance
     cp_links = cp_group_links(cluster, tp, cp)
     kv = activation_bytes(training.precision) * micro_batch_size * (training.seq_len / cp) * 2 * \
@@ -50,7 +60,7 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     steps = cp - 1
     exposed_fwd = steps * wait + exposed(steps * (hop - wait), core, perf)
     exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core, perf)
-    return exposed_fwd + exposed_bwd
+    return exposed_fwd, exposed_bwd
 
 
 def cp_exchange(training: TrainingSpec) -> str:
@@ -114,6 +124,13 @@ def cp_torch_collectives(model: ModelSpec, training: TrainingSpec, tp: int, cp: 
 def cp_torch_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                                micro_batch_size: int, core: float) -> float:
     """Context-parallel time one layer cannot hide, forward and backward, for one micro-batch whose
+    attention core's forward takes ``core``, under a torch exchange (:func:`cp_torch_exposed_passes`)."""
+    return sum(cp_torch_exposed_passes(model, training, cluster, tp, cp, micro_batch_size, core))
+
+
+def cp_torch_exposed_passes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                            micro_batch_size: int, core: float) -> tuple[float, float]:
+    """Context-parallel time one layer cannot hide, (forward, backward), for one micro-batch whose
     attention core's forward takes ``core``, under a torch exchange (:func:`cp_torch_collectives`).
 
     "kv_gather": each collective is waited before the attention runs, or after its backward: nothing
@@ -142,7 +159,7 @@ def cp_torch_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster
 
     passes = cp_torch_collectives(model, training, tp, cp, micro_batch_size, exchange)
     if exchange == "kv_gather":
-        return sum(timed(kind, size)[0] for kind, size in passes["forward"] + passes["backward"])
+        return tuple(sum(timed(kind, size)[0] for kind, size in passes[name]) for name in ("forward", "backward"))
     step = core / cp
     kv = [timed(kind, size) for kind, size in passes["forward"]]
     grad_ops = list(passes["backward"])
@@ -155,7 +172,7 @@ def cp_torch_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster
                 for i in range(cp)]
     forward = sum(beside(rotation[i], step) for i in range(cp))
     backward = sum(beside(rotation[i] + grads[i - 1:i] if i else rotation[i], 2 * step) for i in range(cp))
-    return forward + backward + beside(grads[-1:], 0.0)
+    return forward, backward + beside(grads[-1:], 0.0)
 
 
 def cp_runs_all_to_all(model: ModelSpec, training: TrainingSpec) -> bool:
@@ -418,7 +435,14 @@ def _stage_time(job: Job, stage: int) -> StageTime:
             unpaired = unpaired_pass_share(job, stage)
             ep_comm = unpaired * ep_comm + (1 - unpaired) * exposed(ep_comm, compute + recompute, perf)
 
-    cp_comm = layers * cp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, low.core)
+    # A recomputed attention forward runs its K/V exchange again, as exposed as the first: the whole
+    # layer under full recomputation (megatron-core's CheckpointFunction, torch's checkpoint re-run the
+    # forward in backward), the core attention under Megatron's selective ``core_attn``
+    # (``Attention._checkpointed_attention_forward`` checkpoints ``core_attention``, Transformer
+    # Engine's DotProductAttention, which runs the cp exchange inside it).
+    cp_fwd, cp_bwd = cp_exposed_passes(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, low.core)
+    cp_recomputed = recomputed + (layers if "core_attn" in modules and training.engine.selective == "attention" else 0)
+    cp_comm = layers * (cp_fwd + cp_bwd) + cp_recomputed * cp_fwd
     # A stage whose pipeline neighbours, or tensor-parallel peers, are across the fabric may not run
     # faster than its collectives' floor (the larger of the two): what it adds shows as tensor-parallel time.
     collectives = tp_collectives_per_pass(lay.sequence_parallel) * (tp_layers + repeated) + backward_collectives

@@ -67,6 +67,23 @@ MEASURE = textwrap.dedent(f"""
     (gk.float().sum() + gv.float().sum()).backward()
     out["kv_gather"] = {{"forward": forward, "backward": seen[len(forward):]}}
 
+    # The same gather and the attention that keeps its output, inside torch's checkpoint (what
+    # torchtitan's full activation checkpoint wraps each block in): the backward runs the forward
+    # again to rebuild what the attention saved, and the gathers with it.
+    from torch.utils.checkpoint import checkpoint
+    q = torch.randn(B, H, S, D, dtype=torch.bfloat16, requires_grad=True)
+
+    def attention(q, k, v):
+        gk, gv = torch.ops.cplib.flex_cp_allgather(k, v, 1, dist._get_process_group_name(group))
+        return torch.nn.functional.scaled_dot_product_attention(q, gk.transpose(1, 2), gv.transpose(1, 2),
+                                                                enable_gqa=True)
+
+    seen.clear()
+    o = checkpoint(attention, q, k, v, use_reentrant=False)
+    forward = list(seen)
+    o.float().sum().backward()
+    out["kv_gather_recomputed"] = {{"forward": forward, "backward": seen[len(forward):]}}
+
     # torch's ring attention (B, heads, S, D; seq_dim 2), causal and load-balanced, on CPU's flash kernels.
     fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     bwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -116,6 +133,78 @@ def test_the_collectives_torch_issues_per_layer_are_the_ones_priced(measured, ex
     torch's code issues at cp 4: e.g. the ring's backward rotates the K/V gradients cp times in fp32,
     4 bytes each where K and V are bf16, which the p2p ring priced before as cp − 1 bf16 passes."""
     assert measured[exchange] == planned(exchange)
+
+
+def test_a_recomputed_forward_runs_the_exchange_again(measured):
+    """Under torch's checkpoint the backward re-runs the forward's K/V gathers before the gradients'
+    reduce-scatters: measured, forward then backward, against the collectives priced."""
+    plan = planned("kv_gather")
+    assert measured["kv_gather_recomputed"] == {"forward": plan["forward"],
+                                                "backward": plan["forward"] + plan["backward"]}
+
+
+def _cp8_job(tmp_path):
+    """llama3-8b at cp 8 on 64 H100s, seq 65536, as diagnose reads a torchtitan 0.2 job file."""
+    from planner.diagnose import diagnose
+    from tests.test_diagnose_torchtitan import LLAMA3_8B_TOML, case_of
+
+    path = tmp_path / "cp.toml"
+    path.write_text(LLAMA3_8B_TOML.replace("context_parallel_degree = 1", "context_parallel_degree = 8")
+                    .replace("seq_len = 8192", "seq_len = 65536"))
+    return diagnose(case_of("llama3-8b", 64, 8, 65536), torchtitan=path).estimate.job
+
+
+def _cp_comm(job, **layout) -> float:
+    from cost_models.stage_time import stage_time
+
+    return stage_time(replace(job, layout=replace(job.layout, **layout)), 0).cp_comm
+
+
+def test_full_recomputation_gathers_k_and_v_once_more(tmp_path):
+    """torchtitan 0.3's FlexAttention gather under full activation checkpointing: each recomputed layer
+    waits for its K and V all-gathers again (measured above), nothing hiding them, so the stage's cp time
+    grows by layers × the two all-gathers' time. It was priced the same with and without recomputation."""
+    from cost_models.collectives import collective_time
+    from cost_models.stage_time import cp_torch_collectives
+    from cost_models.topology import cp_group_links
+
+    job = _cp8_job(tmp_path)
+    job = replace(job, training=replace(job.training, cp_exchange="kv_gather"))
+    lay = job.layout
+    links = cp_group_links(job.cluster, lay.tp, lay.cp)
+    gathers = cp_torch_collectives(job.model, job.training, lay.tp, lay.cp, lay.micro_batch_size, "kv_gather")
+    forward = sum(collective_time(kind, size, links, job.cluster.gpu.performance) for kind, size in gathers["forward"])
+    grown = _cp_comm(job, recompute="full", recompute_num_layers=None) - _cp_comm(job, recompute="none",
+                                                                                  recompute_num_layers=None)
+    assert forward > 0
+    assert grown == pytest.approx(job.stage_layers[0] * forward, rel=1e-9)
+
+
+@pytest.mark.parametrize("exchange", ["allgather", "alltoall", "p2p"])
+def test_a_recomputed_attention_runs_its_forward_exchange_again(exchange, tmp_path):
+    """Full recomputation re-runs each layer's forward, and Megatron's selective ``core_attn`` re-runs
+    the core attention (``_checkpointed_attention_forward`` wraps ``core_attention``, Transformer
+    Engine's DotProductAttention, which runs the cp ring): both add layers × the forward's exposed
+    exchange to the stage's cp time, and nothing more."""
+    from cost_models.layer_time import layer_time
+    from cost_models.stage_time import cp_exposed_passes
+    from planner.engines.megatron.engine import BEHAVIOUR as MEGATRON
+
+    job = _cp8_job(tmp_path)
+    job = replace(job, training=replace(job.training, cp_exchange=exchange))
+    lay = job.layout
+    forward, _ = cp_exposed_passes(job.model, job.training, job.cluster, lay.tp, lay.cp, lay.micro_batch_size,
+                                   layer_time(job).core)
+    none = _cp_comm(job, recompute="none", recompute_num_layers=None)
+    assert forward > 0
+    assert _cp_comm(job, recompute="full", recompute_num_layers=None) - none == pytest.approx(
+        job.stage_layers[0] * forward, rel=1e-9)
+    megatron = replace(job, training=replace(job.training, engine=MEGATRON))
+    forward, _ = cp_exposed_passes(job.model, megatron.training, job.cluster, lay.tp, lay.cp, lay.micro_batch_size,
+                                   layer_time(megatron).core)
+    attention = _cp_comm(megatron, recompute="selective", recompute_modules=("core_attn",), recompute_num_layers=None)
+    assert attention - _cp_comm(megatron, recompute="none", recompute_num_layers=None) == pytest.approx(
+        job.stage_layers[0] * forward, rel=1e-9)
 
 
 CASE = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
