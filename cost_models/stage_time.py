@@ -80,7 +80,10 @@ def cp_kv_shard_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int
     """(K, V) bytes of one layer one context-parallel rank holds for one micro-batch: its seq/cp
     tokens of its kv_heads/tp heads, head_dim (K) and value_head_dim (V) wide, in the activations'
     dtype. torchtitan 0.3.0 hands K and V to the attention at their own heads (``enable_gqa``,
-    models/common/attention.py), not repeated to the query heads."""
+    models/common/attention.py), not repeated to the query heads, and so does 0.2.2 to SDPA's ring
+    (models/llama3/model/model.py ``Attention.forward``). 0.2.0 and 0.2.1 repeat them to the query
+    heads first (``repeat_kv``), so their ring moves n_heads/n_kv_heads times these bytes; a 0.2 job
+    file does not say which release reads it, and is priced as 0.2.2, the last."""
     elements = micro_batch_size * (training.seq_len / cp) * max(model.num_kv_heads // tp, 1)
     size = activation_bytes(training.precision)
     return size * elements * model.head_dim, size * elements * model.value_head_dim
