@@ -320,7 +320,8 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         # allocator, over the memory band's low end), not the capacity: "does not fit in 1.3 GB (peak 0.5 GB)".
         raise DoesNotFit(f"{loaded.source}: layout: does not fit: peak {est.peak.total / 1e9:.1f} GB, above the "
                          f"{est.fit_limit_bytes / 1e9:.1f} GB a peak may reach of the profile's "
-                         f"{est.capacity_bytes / 1e9:.1f} GB ({est.largest_term} the largest term); nothing run")
+                         f"{est.capacity_bytes / 1e9:.1f} GB less {est.outside_allocator[1] / 1e9:.2f} GB for "
+                         f"{est.outside_allocator[0]} ({est.largest_term} the largest term); nothing run")
     others = other_cpu_share()
     used = gpu_use(spec.dp) if spec.device == "cuda" else None
     profiled = profiled_speed(machine) if spec.device == "cpu" else None

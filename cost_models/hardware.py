@@ -172,6 +172,10 @@ class HostSpec:
             _positive_float(HostSpec, name, getattr(self, name))
 
 
+# What calibration/worker.py names the device of a profile measured on CPUs ("CPU: " and the CPU model).
+CPU_DEVICE_PREFIX = "CPU: "
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     __hash__ = cached_hash
@@ -204,6 +208,11 @@ class GPUSpec:
     # 10 Blackwell), what Megatron-LM's validate_args keys CUDA_DEVICE_MAX_CONNECTIONS on; None: not
     # known (AMD GPUs, whose ROCm torch reports HIP's gfx numbers; a profile that does not say).
     compute_capability_major: Optional[int] = None
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether this "GPU" is a CPU: a profile `calibrate` measured on one names it "CPU: <model>"."""
+        return self.name.startswith(CPU_DEVICE_PREFIX)
 
     def __post_init__(self) -> None:
         s = GPUSpec

@@ -10,6 +10,7 @@ from typing import Iterable, Optional
 from .activations import (chunked_loss, embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
                           layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
+from .hardware import GPUSpec
 from .flops import layer_gemms
 from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_flat_buffer,
                            folds_gradients_into_fp32, fp32_gradients,
@@ -641,11 +642,20 @@ def accumulates_unsharded(job: Job) -> bool:
     return engine.pp_unsharded_accumulation and lay.pp > 1 and (lay.zero_stage == 3 or engine.fsdp_always)
 
 
-def usable_bytes(memory_bytes: float, overheads: Overheads, headroom: float) -> float:
-    """What the caching allocator may hold at its peak on a GPU of ``memory_bytes``: the capacity
-    less the headroom a layout must leave free, less what lives outside the allocator (the CUDA
-    context, NCCL's own buffers: ``Overheads.cuda_context``), which its counters never show."""
-    return memory_bytes * (1 - headroom) - overheads.cuda_context
+def outside_allocator(gpu: GPUSpec, overheads: Overheads) -> tuple[str, float]:
+    """What a rank holds that the priced peak never shows, by its name in reports, and its bytes:
+    on a GPU the CUDA context and NCCL's own buffers (``Overheads.cuda_context``); on a CPU, which
+    has none, the process itself before its first model tensor (``Overheads.cpu_process``)."""
+    if gpu.on_cpu:
+        return "the CPU process", overheads.cpu_process
+    return "the CUDA context", overheads.cuda_context
+
+
+def usable_bytes(gpu: GPUSpec, overheads: Overheads, headroom: float) -> float:
+    """What the caching allocator may hold at its peak on ``gpu``: the capacity less the headroom a
+    layout must leave free, less what lives outside the allocator (:func:`outside_allocator`), which
+    its counters never show."""
+    return gpu.memory_bytes * (1 - headroom) - outside_allocator(gpu, overheads)[1]
 
 
 def host_bytes(job: Job) -> float:

@@ -242,7 +242,16 @@ class Overheads:
       user guide, NCCL_BUFFSIZE 4 MiB per channel and peer); we take 1 GiB. The allocator's
       counters (``max_memory_allocated``, ``max_memory_reserved``, what training logs and
       published peaks report) never hold it, so it is taken off the capacity a layout's peak
-      must fit in (``memory.usable_bytes``), not added to the peak.
+      must fit in (``memory.usable_bytes``), not added to the peak. On a GPU only.
+    - ``cpu_process``: its counterpart on a CPU rank (a profile `calibrate` measured on CPUs),
+      which has no CUDA context: the process itself, the Python interpreter and torch's and
+      gloo's libraries and buffers, resident before the first model tensor. Measured, not
+      guessed: the resident set (``VmRSS`` in /proc/self/status) of a fresh process after
+      ``import torch`` and ``torch.distributed.init_process_group("gloo")`` with one rank, median
+      of 5 runs 232.05 MB (226,612 kB; spread 226,420–226,696 kB), torch 2.13.0+cpu, Python of
+      this repo's venv, on the 2-core dev machine of calibration/profiles/cpu-2core-dev.yaml.
+      A CPU rank's tensors come from the same process memory, so it is taken off the capacity
+      as ``cuda_context`` is on a GPU (``memory.outside_allocator``).
     - ``comm_buffers``: gradient-reduction buckets and all-gather staging. Megatron's
       DDP bucket holds 40 M parameters by default and DeepSpeed's reduce bucket
       5e8 elements; a 2-byte bucket of 40 M elements is 0.08 GB, 5e8 elements 1 GB.
@@ -253,11 +262,12 @@ class Overheads:
     """
 
     cuda_context: float = float(2**30)
+    cpu_process: float = 226_612 * 1024.0
     comm_buffers: float = float(2**29)
     fragmentation: float = 0.10
 
     def __post_init__(self) -> None:
-        for name in ("cuda_context", "comm_buffers", "fragmentation"):
+        for name in ("cuda_context", "cpu_process", "comm_buffers", "fragmentation"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value < 0:

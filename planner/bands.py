@@ -56,8 +56,6 @@ PRECISION_FAMILIES = {"fp32": "16-bit or wider", "bf16": "16-bit or wider", "fp1
                       "fp8": "8-bit", "mxfp8": "8-bit", "nvfp4": "4-bit"}
 
 
-# What calibration/worker.py names the device of a profile measured on CPUs ("CPU: " and the CPU model).
-CPU_DEVICE_PREFIX = "CPU: "
 NO_BAND = "no published run was measured on CPUs, so none says how far the model is off on them"
 # Why `plan`'s robust pick weighs no margin on CPUs (``pick_margin``).
 NO_GAP = ("no published layout sweep ran on CPUs, so none says which gap the model cannot tell layouts apart "
@@ -67,7 +65,7 @@ NO_GAP = ("no published layout sweep ran on CPUs, so none says which gap the mod
 def on_cpus(cluster: ClusterSpec) -> bool:
     """Whether the job's devices are CPUs: a profile `calibrate` measured on them (its machine's device,
     the GPU spec's name, is "CPU: <model>", calibration/worker.py)."""
-    return cluster.gpu.name.startswith(CPU_DEVICE_PREFIX)
+    return cluster.gpu.on_cpu
 
 
 # The vendor words a device name starts with where torch.cuda.get_device_name gives it, as a profile

@@ -21,7 +21,7 @@ from cost_models.specs import (ACTIVATIONS, ATTENTION_TYPES, EXPERT_DISPATCHES, 
                                OPTIMIZERS,
                                POSITION_EMBEDDINGS, PRECISIONS, RECOMPUTE, ROUTERS, ClusterSpec, Job, Layout, ModelSpec,
                                Overheads, Performance, TrainingSpec)
-from cost_models.memory import usable_bytes
+from cost_models.memory import outside_allocator, usable_bytes
 from cost_models.quantization import FP8_RECIPES
 
 from .case_cluster import _cluster, cluster_profile, gpu_of_profile
@@ -96,7 +96,7 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", 
                "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations",
                "ep", "etp")
 
-OVERHEAD_KEYS = ("cuda_context", "comm_buffers", "fragmentation")
+OVERHEAD_KEYS = ("cuda_context", "cpu_process", "comm_buffers", "fragmentation")
 
 
 @dataclass(frozen=True)
@@ -288,12 +288,17 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
     check_fitted_figures_kept(src, cluster_key, entry_of(data["cluster"]), fitted)
     entry = entry_of(data["cluster"])
-    check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}), cluster_key,
-                        entry)
+    check_usable_memory(src, cluster, overheads, search, outside_key(cluster.gpu) in (data.get("overheads") or {}),
+                        cluster_key, entry)
     case = Case(src, model, cluster, training, layout, overheads, search, fitted)
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time
     return case
+
+
+def outside_key(gpu) -> str:
+    """The overheads key of what lives outside the allocator on ``gpu`` (``memory.outside_allocator``)."""
+    return "cpu_process" if gpu.on_cpu else "cuda_context"
 
 
 def check_usable_memory(src: str, cluster, overheads: Overheads, search: SearchSpec, context_stated: bool,
@@ -303,16 +308,17 @@ def check_usable_memory(src: str, cluster, overheads: Overheads, search: SearchS
     where the case gives the GPU (``cluster_key``: cluster.options[i] for one of `size`'s types)
     and its memory (``section``, that cluster entry: its ``memory``, else its profile's or its GPU's)."""
     memory = cluster.gpu.memory_bytes
-    if usable_bytes(memory, overheads, search.headroom) > 0:
+    if usable_bytes(cluster.gpu, overheads, search.headroom) > 0:
         return
     below = memory * (1 - search.headroom) / 2**30
     given = section if isinstance(section, dict) else {}
-    key = "overheads.cuda_context" if context_stated else f"{cluster_key}.memory" if "memory" in given \
+    name, outside = outside_allocator(cluster.gpu, overheads)
+    key = f"overheads.{outside_key(cluster.gpu)}" if context_stated else f"{cluster_key}.memory" if "memory" in given \
         else f"{cluster_key}.profile" if "profile" in given \
         else f"{cluster_key}.gpu.memory" if isinstance(given.get("gpu"), dict) else f"{cluster_key}.memory"
-    raise CaseError(src, key, f"leaves the allocator no memory: {overheads.cuda_context / 2**30:g} GiB outside it of "
-                              f"{memory / 2**30:g} GiB less {search.headroom:.0%} headroom; expected a CUDA context "
-                              f"below {below:.4g} GiB")
+    raise CaseError(src, key, f"leaves the allocator no memory: {outside / 2**30:g} GiB outside it of "
+                              f"{memory / 2**30:g} GiB less {search.headroom:.0%} headroom; expected "
+                              f"{name.replace('the ', 'a ', 1)} below {below:.4g} GiB")
 
 
 def _model(src: str, section: Any, base: Path) -> ModelSpec:
@@ -438,7 +444,7 @@ def _overheads(src: str, section: Any, base: Overheads = Overheads()) -> Overhea
     """The case's overheads over ``base`` (a fitted profile's, else the documented defaults)."""
     section = read_mapping(src, "overheads", {} if section is None else section, OVERHEAD_KEYS)  # 0, [], "": not one
     values: dict[str, float] = {}
-    for key in ("cuda_context", "comm_buffers"):
+    for key in ("cuda_context", "cpu_process", "comm_buffers"):
         if key in section:
             values[key] = read_unit(src, f"overheads.{key}", section[key], parse_memory)
     if "fragmentation" in section:

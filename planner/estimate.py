@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
-from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
+from cost_models.memory import StageMemory, host_bytes, outside_allocator, peak_stage_memory, stage_memories
 from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
@@ -127,6 +127,12 @@ class Estimate:
         return usable_bytes(self.job, self.headroom)
 
     @property
+    def outside_allocator(self) -> tuple[str, float]:
+        """What the rank holds beside the priced peak, by name, and its bytes (``memory.outside_allocator``):
+        the CUDA context on a GPU, the process itself on a CPU."""
+        return outside_allocator(self.job.cluster.gpu, self.job.overheads)
+
+    @property
     def host_bytes(self) -> float:
         """Host memory the layout's offload takes per GPU (0 without offload)."""
         return host_bytes(self.job)
@@ -229,8 +235,10 @@ class Estimate:
                 "band": None if mem is None else mem.to_dict(),
                 "capacity_bytes": whole_bytes(self.capacity_bytes),
                 "usable_bytes": whole_bytes(self.usable_bytes),
-                # the CUDA context and NCCL's buffers, beside the allocator's peak (``Overheads.cuda_context``)
-                "outside_allocator_bytes": whole_bytes(self.job.overheads.cuda_context),
+                # beside the allocator's peak: the CUDA context and NCCL's buffers on a GPU (``Overheads.cuda_context``),
+                # the process itself on a CPU (``Overheads.cpu_process``), named by ``outside_allocator``
+                "outside_allocator": self.outside_allocator[0],
+                "outside_allocator_bytes": whole_bytes(self.outside_allocator[1]),
                 "stage": self.peak.stage,
                 "by_term": {term: whole_bytes(v) for term, v in self.peak.by_term().items()},
                 "host_bytes": whole_bytes(self.host_bytes),

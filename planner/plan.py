@@ -462,7 +462,7 @@ def excluded_text(case: Case, spec: SearchSpec, engines: tuple[str, ...]) -> str
 
 
 def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job], host_overflowed: bool = False) -> NoFit:
-    limit = fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
+    limit = fit_limit(usable_bytes(case.cluster.gpu, case.overheads, spec.headroom),
                       case.model, case.cluster, case.training)
     excluded_by = None
     if tightest is not None:

@@ -116,9 +116,10 @@ def print_estimate(est: Estimate, console: Console) -> None:
     for term, value in est.peak.by_term().items():
         table.add_row(term, f"{value / GB:.2f}", f"{value / total:.0%}")
     table.add_row("[bold]peak[/]", f"[bold]{total / GB:.2f}[/]", "")
-    # The peak is what PyTorch's allocator reports; the CUDA context and NCCL's buffers sit beside it.
-    outside = job.overheads.cuda_context
-    table.add_row("outside the allocator", f"{outside / GB:.2f}", "")
+    # The peak is what PyTorch's allocator reports; the CUDA context and NCCL's buffers sit beside it on a GPU,
+    # the process itself on a CPU.
+    name, outside = est.outside_allocator
+    table.add_row(f"outside the allocator ({name})", f"{outside / GB:.2f}", "")
     # GB are 10^9 bytes throughout; a GPU's memory is sold in GiB (an 80 GB H100 holds 85.9 GB).
     table.add_row(f"capacity ({est.capacity_bytes / 2**30:.3g} GiB)", f"{est.capacity_bytes / GB:.2f}",
                   f"{(total + outside) / est.capacity_bytes:.0%} used")

@@ -62,7 +62,7 @@ def case_job(case, layout: Layout) -> Job:
 def usable_bytes(job: Job, headroom: float) -> float:
     """GPU memory a layout's peak may reach (``memory.usable_bytes``): the capacity less the
     headroom it must leave free and what lives outside PyTorch's allocator."""
-    return allocator_usable_bytes(job.cluster.gpu.memory_bytes, job.overheads, headroom)
+    return allocator_usable_bytes(job.cluster.gpu, job.overheads, headroom)
 
 
 def fit_limit(job: Job, headroom: float) -> float:
@@ -118,5 +118,5 @@ def most_micro_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     ``activations.logit_shards``)."""
     one = Layout(tp=tp, cp=cp, pp=pp)
     per_sequence = head_activation_bytes(model, training, one) + loss_gradient_bytes(model, one, training)
-    usable = allocator_usable_bytes(cluster.gpu.memory_bytes, overheads, headroom)
+    usable = allocator_usable_bytes(cluster.gpu, overheads, headroom)
     return band_fit_limit(usable, model, cluster, training) / per_sequence

@@ -44,7 +44,7 @@ from cost_models.specs import EXPERT_DISPATCHES, PRECISIONS, GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
 from .api_values import CaseArg, FloatArg, IntArg
-from .case import Case, build_case, check_usable_memory, profile_warnings, read_case, read_sections, spec_errors
+from .case import Case, build_case, check_usable_memory, outside_key, profile_warnings, read_case, read_sections, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
 from .errors import CaseError, one_line, safe_repr
 from .fields import canonical_choice, read_choice, read_price
@@ -439,7 +439,7 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     first = options[0]
     loaded = build_case({k: v for k, v in data.items() if k != "layout"}, src, base,
                         cluster=first.cluster(first.unit), cluster_key=first.key)
-    stated = "cuda_context" in (data.get("overheads") or {})
+    stated = outside_key(first.cluster(first.unit).gpu) in (data.get("overheads") or {})
     # Each GPU type leaves the allocator some memory, named where it is given.
     for i, option in enumerate(options[1:], 1):
         check_usable_memory(src, option.cluster(option.unit), loaded.overheads, loaded.search, stated, option.key,

@@ -111,9 +111,9 @@ class SizeModel:
         m.add_between(gpus - by_type("gpu_limit", list(limits)), high=0)
         # Per GPU type, the fit limit a row of that type is held to (estimate's: ``bands.fit_limit``).
         job_of = {r.option: r.candidate.job for r in reversed(rows) if r.candidate.job is not None}
-        usable_mb = [int(fit_limit(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom),
+        usable_mb = [int(fit_limit(usable_bytes(o.gpu, overheads, spec.headroom),
                                    job_of[i].model, job_of[i].cluster, job_of[i].training) / 1e6)
-                     if i in job_of else int(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom) / 1e6)
+                     if i in job_of else int(usable_bytes(o.gpu, overheads, spec.headroom) / 1e6)
                      for i, o in enumerate(options)]
         m.add_between(v["peak_mb"] - by_type("usable_mb", usable_mb), high=0)
         m.add_product(gpus, [v[k].vars[0] for k in ("dp", "tp", "pp", "cp")])

@@ -141,7 +141,7 @@ class LayoutModel:
         m.add_equal(chosen["sequences"], gbs)
         m.add_equal(chosen["tp_cp_dp"] - chosen["etp_ep_edp"], 0)
         constrain_pins(m, spec, chosen)
-        capacity_mb = int(fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
+        capacity_mb = int(fit_limit(usable_bytes(case.cluster.gpu, case.overheads, spec.headroom),
                                     case.model, case.cluster, case.training) / 1e6)
         m.add_between(chosen["peak_mb"], high=capacity_mb)
 

@@ -420,3 +420,28 @@ def test_a_layout_that_does_not_fit_is_refused_naming_the_limit_its_peak_passed(
     message = str(raised.value)
     assert message.startswith("<case>: layout: does not fit") and "\n" not in message, message
     assert f"peak {est.peak.total / 1e9:.1f} GB, above the {est.fit_limit_bytes / 1e9:.1f} GB" in message, message
+    assert "less 1.07 GB for the CUDA context" in message, message  # a "test-cpu" device is no CPU profile
+
+
+def test_on_a_cpu_profile_the_does_not_fit_line_and_the_estimate_name_the_cpu_process(tmp_path, monkeypatch):
+    """A CPU profile (device "CPU: <model>", as calibrate names one) has no CUDA context: what it leaves outside
+    the peak is the process itself (``Overheads.cpu_process``, measured), and every line naming the limit says
+    so. 0.6 GiB less 1 % headroom less the process (0.23 GB) is below the tiny model's 0.5 GB peak; with a CUDA
+    context of 1 GiB taken off it would have been negative, refused as leaving the allocator nothing."""
+    import calibration.validate as validation
+    from calibration.validate import DoesNotFit
+    from cost_models.training_spec import Overheads
+
+    monkeypatch.setattr(validation, "launch", lambda *a, **k: pytest.fail("ran a layout that does not fit"))
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({**PROFILE, "machine": {**PROFILE["machine"], "device": f"CPU: {cpu_model()}"},
+                                     "gpu": {**PROFILE["gpu"], "memory": "0.6 GiB"}}))
+    est = validation.estimate(validation.load_with_profile(case(micro_batch_size=1), small))
+    process = Overheads().cpu_process
+    assert est.usable_bytes == pytest.approx(0.6 * 2**30 * (1 - est.headroom) - process)
+    assert est.to_dict()["memory"]["outside_allocator"] == "the CPU process"
+    assert est.to_dict()["memory"]["outside_allocator_bytes"] == round(process)
+    with pytest.raises(DoesNotFit) as raised:
+        validate(case(micro_batch_size=1), small, steps=1, warmup=0, allow_busy=True)
+    message = str(raised.value)
+    assert f"less {process / 1e9:.2f} GB for the CPU process" in message and "CUDA" not in message, message

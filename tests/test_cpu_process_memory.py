@@ -1,0 +1,61 @@
+"""What a rank holds outside the priced peak: on a CPU profile the process itself (measured), not a CUDA
+context. A CPU profile of 12.6 GB was left 11.4 GB usable: 1 GiB of CUDA context taken off a machine that
+has none."""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cost_models.memory import outside_allocator, usable_bytes
+from cost_models.training_spec import Overheads
+from cost_models.hardware import GPUSpec
+from planner.case_cluster import gpu_from_profile
+
+DEV_PROFILE = Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "cpu-2core-dev.yaml"
+
+# A fresh rank as calibration/train.py starts one: torch imported, a gloo group of one, no model tensor yet.
+RSS = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+dist.barrier()
+print(next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS")))
+dist.destroy_process_group()
+"""
+
+
+def measured_rss() -> float:
+    """Median resident set (bytes) of three fresh processes."""
+    runs = []
+    for port in (29611, 29612, 29613):
+        out = subprocess.run([sys.executable, "-c", RSS], env={**__import__("os").environ, "PORT": str(port)},
+                             capture_output=True, text=True, timeout=120, check=True)
+        runs.append(float(out.stdout.split()[-1]))
+    return statistics.median(runs)
+
+
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="VmRSS is Linux's")
+def test_a_cpu_profile_leaves_capacity_less_headroom_less_the_measured_process():
+    rss = measured_rss()
+    gpu, o = gpu_from_profile(DEV_PROFILE)[0], Overheads()
+    capacity = gpu.memory_bytes  # the dev profile's 11.7703 GiB
+    usable = usable_bytes(gpu, o, 0.01)
+    # Within 3 % of this machine's process, the spread of torch's own footprint across runs and library builds.
+    assert usable == pytest.approx(capacity * 0.99 - rss, abs=0.03 * rss)
+    assert usable > capacity * 0.99 - 2**30 + 0.5 * 2**30  # not the CUDA context
+    assert outside_allocator(gpu, o)[0] == "the CPU process"
+
+
+def test_a_gpu_still_leaves_capacity_less_headroom_less_the_cuda_context():
+    gpu = GPUSpec(name="NVIDIA H100 80GB HBM3", memory_bytes=80 * 2**30, peak_flops={"bf16": 989e12},
+                  hbm_bandwidth=3.35e12, intra_node_bandwidth=450e9, inter_node_bandwidth=50e9, gpus_per_node=8,
+                  nvlink_domain=8)
+    assert usable_bytes(gpu, Overheads(), 0.01) == gpu.memory_bytes * 0.99 - 2**30
+    assert outside_allocator(gpu, Overheads()) == ("the CUDA context", 2**30)
+
