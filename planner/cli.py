@@ -537,6 +537,16 @@ def validate_command(
         print_validation(result, _console())
 
 
+def ranks(n: int) -> str:
+    """"1 rank", "2 ranks": `calibrate --nproc 1` printed "1 ranks"."""
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def wrote_line(path: Union[str, Path], world_size: int, seconds: float) -> str:
+    """`calibrate`'s line once the profile is written."""
+    return f"wrote {path} ({ranks(world_size)}, {seconds:.0f} s)"
+
+
 def how_to_use_profile(path: Union[str, Path]) -> str:
     """The line after `wrote PROFILE`: what a user does with the file next (the case key that reads it).
     The path absolute: a case reads a relative profile path from its own folder, not from where
@@ -613,11 +623,11 @@ def calibrate_command(
         print("error: calibration interrupted; no profile written", file=sys.stderr)
         raise typer.Exit(interrupted_exit_code())
     if outcome.path is None or outcome.profile is None:  # both or neither: the profile written, where
-        print(f"calibrated {outcome.world_size} ranks in {outcome.seconds:.0f} s; rank 0's node wrote the profile")
+        print(f"calibrated {ranks(outcome.world_size)} in {outcome.seconds:.0f} s; rank 0's node wrote the profile")
         return
     perf = outcome.profile["performance"]
     gpu = outcome.profile["gpu"]
-    print(f"wrote {outcome.path} ({outcome.world_size} ranks, {outcome.seconds:.0f} s)")
+    print(wrote_line(outcome.path, outcome.world_size, outcome.seconds))
     print(how_to_use_profile(outcome.path))
     print("  peak_tflops " + ", ".join(f"{k} {v}" for k, v in gpu["peak_tflops"].items())
           + f"; hbm {gpu['hbm_bandwidth']}; intra-node {gpu['intra_node_bandwidth']}")

@@ -59,3 +59,8 @@ def test_a_gpu_still_leaves_capacity_less_headroom_less_the_cuda_context():
     assert usable_bytes(gpu, Overheads(), 0.01) == gpu.memory_bytes * 0.99 - 2**30
     assert outside_allocator(gpu, Overheads()) == ("the CUDA context", 2**30)
 
+
+def test_calibrate_of_one_rank_says_one_rank():
+    from planner.cli import wrote_line
+    assert wrote_line("one.yaml", 1, 12.3) == "wrote one.yaml (1 rank, 12 s)"
+    assert wrote_line("two.yaml", 2, 12.3) == "wrote two.yaml (2 ranks, 12 s)"
