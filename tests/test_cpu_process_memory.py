@@ -20,19 +20,20 @@ DEV_PROFILE = Path(__file__).resolve().parents[1] / "calibration" / "profiles" /
 # A fresh rank as calibration/train.py starts one: torch imported, a gloo group of one, no model tensor yet.
 RSS = """
 import os, torch, torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
-dist.init_process_group("gloo", rank=0, world_size=1)
+# A file store, not a port: the suite's other workers start groups of their own beside this one.
+dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=0, world_size=1)
 dist.barrier()
 print(next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS")))
 dist.destroy_process_group()
 """
 
 
-def measured_rss() -> float:
+def measured_rss(folder: Path) -> float:
     """Median resident set (bytes) of three fresh processes."""
     runs = []
-    for port in (29611, 29612, 29613):
-        out = subprocess.run([sys.executable, "-c", RSS], env={**__import__("os").environ, "PORT": str(port)},
+    for run in range(3):
+        out = subprocess.run([sys.executable, "-c", RSS], env={**__import__("os").environ,
+                                                                 "STORE": str(folder / f"store{run}")},
                              capture_output=True, text=True, timeout=120, check=True)
         runs.append(float(out.stdout.split()[-1]))
     return statistics.median(runs)
@@ -41,13 +42,15 @@ def measured_rss() -> float:
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="VmRSS is Linux's")
-def test_a_cpu_profile_leaves_capacity_less_headroom_less_the_measured_process():
-    rss = measured_rss()
+def test_a_cpu_profile_leaves_capacity_less_headroom_less_the_measured_process(tmp_path):
+    rss = measured_rss(tmp_path)
     gpu, o = gpu_from_profile(DEV_PROFILE)[0], Overheads()
     capacity = gpu.memory_bytes  # the dev profile's 11.7703 GiB
     usable = usable_bytes(gpu, o, 0.01)
-    # Within 3 % of this machine's process, the spread of torch's own footprint across runs and library builds.
-    assert usable == pytest.approx(capacity * 0.99 - rss, abs=0.03 * rss)
+    # Within 10 % of the process on the machine running the test: the stored figure is the dev machine's
+    # (5 runs within 0.3 MB of each other there); another machine loads the same wheels but may touch a few
+    # more pages. The CUDA context it replaces was 4.6 times as much.
+    assert usable == pytest.approx(capacity * 0.99 - rss, abs=0.10 * rss)
     assert usable > capacity * 0.99 - 2**30 + 0.5 * 2**30  # not the CUDA context
     assert outside_allocator(gpu, o)[0] == "the CPU process"
 
