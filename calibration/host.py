@@ -71,6 +71,20 @@ def local_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def resident_bytes() -> Optional[float]:
+    """This process's resident set in bytes (``VmRSS`` in /proc/self/status, which the kernel gives in kB),
+    or None where there is none (not Linux). What a CPU rank holds outside its tensors is this, taken after
+    its process group is up and before its first tensor (``Overheads.cpu_process``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _cpu_times() -> Optional[tuple[float, float]]:
     """(busy, total) jiffies of all CPUs since boot (/proc/stat), or None where there is none."""
     try:

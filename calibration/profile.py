@@ -7,7 +7,8 @@
   ``hbm_bandwidth`` (the fastest streaming kernel, bytes read + written per second), ``intra_node_bandwidth``
   and ``inter_node_bandwidth`` (fitted all-reduce bus bandwidth), ``gpus_per_node`` and
   ``nvlink_domain`` (ranks per node), ``memory`` (the GPU's, or the host's RAM shared by
-  its ranks);
+  its ranks), and on CPUs ``cpu_process`` (the median over ranks of each rank's VmRSS once its
+  process group is up, before its first tensor: ``Overheads.cpu_process``, taken off ``memory``);
 - ``performance`` and ``fabric``: the cost model's achieved figures, fitted to the measurements
   with its own formulas (:mod:`calibration.fit`); link efficiencies are 1 because the
   bandwidths above are already the achieved bus bandwidths;
@@ -204,8 +205,11 @@ def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optio
 
 def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: float, gpus_per_node: int,
                   main_precision: str, datasheet_peaks: Optional[dict[str, float]] = None,
-                  tiled_attention: Optional[bool] = None) -> dict[str, Any]:
+                  tiled_attention: Optional[bool] = None, process_bytes: Optional[float] = None) -> dict[str, Any]:
     """The profile document (a dict ready for YAML) from ``m``.
+
+    ``process_bytes`` (a CPU run): the median over ranks of what a rank's process held before its first
+    tensor, written as ``gpu.cpu_process`` (``Overheads.cpu_process``); None writes none.
 
     ``main_precision`` is the training precision whose GEMM fit becomes ``gemm_efficiency``
     and ``kernel_overhead_s``; ``datasheet_peaks`` are TFLOP/s per precision.
@@ -282,6 +286,7 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
 
     gpu = {
         "memory": _memory(memory_bytes),
+        **({"cpu_process": f"{process_bytes / 2**20:.6g} MiB"} if process_bytes is not None else {}),
         "peak_tflops": {k: sig(v, 6) for k, v in peaks.items()},
         "hbm_bandwidth": _bandwidth(hbm),
         "intra_node_bandwidth": _bandwidth(intra_bw),
@@ -307,7 +312,10 @@ HEADER = """\
 # machine: where, when and how it was measured (device, torch, ranks, threads, --quick, the
 # CPU share others used and a reference GEMM's speed before and after the ranks ran);
 # gpu: measured figures in the GPU-preset schema (memory: a GPU's, or on CPUs the host's RAM
-# over the ranks sharing it); performance and fabric: the cost model's achieved figures fitted
+# over the ranks sharing it); gpu.cpu_process, on CPUs: what a rank's process holds outside
+# its tensors, taken off that memory (VmRSS in /proc/self/status once the rank's process
+# group is up, before its first benchmark tensor; the median over the ranks);
+# performance and fabric: the cost model's achieved figures fitted
 # to the timings under its own formulas; alone: the figures rank 0 measured while the others
 # waited, which a case of one GPU takes; measurements: every timing (median, p10, p90 over
 # samples, per call) and fit. See docs/calibration.md and calibration/profile.py.

@@ -13,6 +13,7 @@ import argparse
 import datetime
 import os
 import socket
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from . import benchmarks
 from .benchmarks import Budget
-from .host import cores, cpu_model
+from .host import cores, cpu_model, resident_bytes
 from .profile import Measurements, build_profile, render
 from .progress import RankProgress
 from .shapes import (DEFAULT_GPU_MODELS, DEFAULT_GPU_SEQ_LEN, DEFAULT_MODELS, DEFAULT_SEQ_LEN, MICRO_BATCHES,
@@ -183,6 +184,8 @@ class _Rank:
     progress: RankProgress
     groups: dict[str, tuple[Optional[Any], list[int], int]] = field(default_factory=dict)
     nodes: int = 1
+    # VmRSS once the process groups are up, before the first benchmark tensor (None: no /proc)
+    process_bytes: Optional[float] = None
 
     def barrier(self) -> None:
         with self.progress.comm():
@@ -217,12 +220,13 @@ def work(argv: list[str], progress: RankProgress) -> None:
     progress.step("write", "gathering timings")
     gathered: Optional[list[Any]] = [None] * me.world if me.rank == 0 else None
     with progress.comm():
-        dist.gather_object((local, {link: g[2] for link, g in me.groups.items()}), gathered, dst=0)
+        dist.gather_object((local, {link: g[2] for link, g in me.groups.items()}, me.process_bytes), gathered,
+                           dst=0)
     if me.rank == 0:
         assert gathered is not None
         m = _measurements(plan, gathered, memory_moved, collective_bytes, collective_items, me.groups)
         m.alone = alone
-        _write_profile(me, args, plan, m, load_before)
+        _write_profile(me, args, plan, m, load_before, [g[2] for g in gathered])
     me.barrier()
     dist.destroy_process_group()
 
@@ -255,6 +259,9 @@ def _start(args: argparse.Namespace, progress: RankProgress) -> _Rank:
                 mine, _ = dist.new_subgroups_by_enumeration(lists)
                 members = next(g for g in lists if me.rank in g)
         me.groups[link] = (mine, members, next(i for i, g in enumerate(lists) if me.rank in g))
+    # What the rank is before it holds a tensor of its own: the interpreter, torch's and gloo's libraries
+    # and the groups' buffers (Overheads.cpu_process), read before any benchmark allocates.
+    me.process_bytes = resident_bytes()
     return me
 
 
@@ -332,8 +339,9 @@ def _measure_collectives(me: _Rank, plan: Any, items: list[tuple[str, str, int]]
 
 
 def _write_profile(me: _Rank, args: argparse.Namespace, plan: Any, m: Measurements,
-                   load_before: Optional[float]) -> None:
-    """Rank 0: the profile from the measurements, written atomically as ``profile.yaml``."""
+                   load_before: Optional[float], process_bytes: list[Optional[float]]) -> None:
+    """Rank 0: the profile from the measurements, written atomically as ``profile.yaml``;
+    ``process_bytes``: each rank's resident set before its first tensor."""
     peaks = None
     if args.gpu_preset:
         from planner.presets import gpu_presets
@@ -351,8 +359,17 @@ def _write_profile(me: _Rank, args: argparse.Namespace, plan: Any, m: Measuremen
         machine["other_cpu_share"] = round(args.other_cpu_share, 3)
     if load_before is not None:  # other work on the host skews CPU timings: a load above the ranks' is a sign
         machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
+    # A CPU rank's process comes out of the memory above (a GPU's context is on the GPU, not here).
+    measured = [b for b in process_bytes if b is not None]
+    process = None
+    if not me.cuda:
+        if measured:
+            process = statistics.median(measured)
+        else:
+            m.notes.append("the ranks' process memory was not measured (no /proc/self/status): the planner "
+                           "takes its default for gpu.cpu_process")
     profile = build_profile(machine, m, memory_bytes=memory_bytes, gpus_per_node=me.local_world,
-                            main_precision=plan.main_precision, datasheet_peaks=peaks)
+                            main_precision=plan.main_precision, datasheet_peaks=peaks, process_bytes=process)
     target = me.progress.workdir / "profile.yaml"
     tmp = target.with_name(".profile.yaml.tmp")
     tmp.write_text(render(profile), encoding="utf-8")

@@ -24,7 +24,7 @@ from cost_models.specs import (ACTIVATIONS, ATTENTION_TYPES, EXPERT_DISPATCHES, 
 from cost_models.memory import outside_allocator, usable_bytes
 from cost_models.quantization import FP8_RECIPES
 
-from .case_cluster import _cluster, cluster_profile, gpu_of_profile
+from .case_cluster import _cluster, cluster_profile, gpu_of_profile, profile_process_bytes
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, as_typed, one_line
@@ -280,8 +280,7 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     # The engine searched for is the engine trained with: estimate and plan time it alike.
     training = training_for_target(src, data.get("search"), training)
     profile = cluster_profile(src, data["cluster"], base)
-    overheads = _overheads(src, data.get("overheads", {}), _overheads(profile[0], profile[1].get("overheads"))
-                           if profile else Overheads())
+    overheads = _overheads(src, data.get("overheads", {}), profile_overheads(*profile) if profile else Overheads())
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = read_search(src, data.get("search"), training, model,
                          None if sized else cluster.num_gpus)  # a bad search key fails `estimate` as `plan`
@@ -438,6 +437,14 @@ def _training(src: str, section: Any) -> TrainingSpec:
             values[key] = read_bool(src, f"training.{key}", section[key])
     with spec_errors(src):
         return TrainingSpec(**values)
+
+
+def profile_overheads(src: str, profile: dict) -> Overheads:
+    """The overheads a hardware profile gives a case: its ``overheads`` section (fitted to a team's runs)
+    over the process a CPU rank is as `calibrate` measured it (``gpu.cpu_process``), over the defaults."""
+    process = profile_process_bytes(src, profile)
+    base = Overheads() if process is None else replace(Overheads(), cpu_process=process)
+    return _overheads(src, profile.get("overheads"), base)
 
 
 def _overheads(src: str, section: Any, base: Overheads = Overheads()) -> Overheads:
@@ -609,10 +616,18 @@ def warnings_of_profile(path: str, profile: dict, disturbed: bool = True) -> lis
     ``disturbed`` False: it said those as it measured); ``path`` is what errors name it by, a profile
     given inline the case's key (:func:`case_cluster.inline_profile`)."""
     try:
-        gpu_of_profile(path, profile)
+        gpu, _ = gpu_of_profile(path, profile)
     except CaseError:
         return []  # nor one whose profile it refuses: its one line, not warnings before it
     out = []
+    stated = profile.get("overheads")
+    if gpu.on_cpu and profile_process_bytes(path, profile) is None \
+            and not (isinstance(stated, dict) and "cpu_process" in stated):
+        # Written before `calibrate` measured it: another machine's or torch build's process is priced as
+        # the development machine's.
+        out.append(f"{path} has no gpu.cpu_process (written before `calibrate` measured it): a rank's process "
+                   f"is taken as {Overheads().cpu_process / 1e6:.0f} MB, the development machine's; calibrate "
+                   "again to measure this machine's")
     if "performance" not in profile:
         # A hand-edited profile without it was priced on the dataclass's generic figures (GEMMs at 0.75 of the
         # peak where the H100 preset says 0.50), 35 % faster than its GPU's preset, with no word.

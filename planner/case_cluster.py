@@ -196,6 +196,10 @@ def _cluster_overrides(src: str, section: dict, key: str, gpu_host: Optional[Hos
     return overrides
 
 
+# What a profile's gpu section holds beside a GPU preset's fields: on a CPU, what a rank's process
+# holds outside its tensors (`calibrate` measures it; Overheads.cpu_process).
+PROCESS_KEY = "cpu_process"
+
 PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "alone", "measurements", "overheads", "fitted")
 
 ALONE_KEYS = ("peak_tflops", "hbm_bandwidth", "performance")
@@ -356,6 +360,10 @@ def gpu_of_profile(src: str, data: Any, alone: bool = False) -> tuple[GPUSpec, O
     data = read_mapping(src, "", data, PROFILE_KEYS)
     name = read_machine(src, data.get("machine")).get("device") or "profiled"
     gpu_data = required(src, "", data, "gpu")
+    if isinstance(gpu_data, dict) and PROCESS_KEY in gpu_data:
+        # Checked here, whichever case reads the profile; the case's overheads take it (planner/case.py).
+        profile_process_bytes(src, data)
+        gpu_data = {k: v for k, v in gpu_data.items() if k != PROCESS_KEY}
     # An empty section (null) is none; false, 0 or [] is no mapping (they were taken as none). Without
     # one, Performance()'s generic figures stand in: said on stderr (case.profile_warnings).
     performance = performance_from_mapping(src, "performance", _section(data, "performance"), Performance())
@@ -390,6 +398,16 @@ def gpu_of_profile(src: str, data: Any, alone: bool = False) -> tuple[GPUSpec, O
         else None
     with spec_errors(src):
         return replace(gpu, performance=performance), fabric
+
+
+def profile_process_bytes(src: str, data: Any) -> Optional[float]:
+    """What a rank's process holds outside its tensors as a profile's ``gpu.cpu_process`` gives it (bytes),
+    None where it gives none (a profile written before `calibrate` measured it, a GPU's, one fitted to runs):
+    the case then takes ``Overheads.cpu_process``, the development machine's."""
+    gpu = data.get("gpu") if isinstance(data, dict) else None
+    if not isinstance(gpu, dict) or PROCESS_KEY not in gpu:
+        return None
+    return read_unit(src, f"gpu.{PROCESS_KEY}", gpu[PROCESS_KEY], parse_memory)
 
 
 def _section(data: dict, key: str) -> Any:

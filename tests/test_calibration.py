@@ -32,6 +32,8 @@ from cost_models.topology import GroupLinks
 from planner.case import load_case
 from planner.case_cluster import gpu_from_profile
 from planner.errors import CaseError
+from planner.units import parse_memory
+from tests.test_cpu_process_memory import measured_rss
 
 pytestmark = pytest.mark.slow
 
@@ -573,6 +575,11 @@ def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
     assert len(alone["gemm"]["fp32"]["points"]) == len(profile["measurements"]["gemm"]["fp32"]["points"])
     assert set(alone["memory"]) >= {"copy", "add", "gelu", "fill", "fill_fresh"}
     assert profile["performance"]["page_fault_s"] >= 0  # a quick 1 MiB buffer may come from the heap: 0
+    # What a rank's process held before its first tensor, against a fresh gloo rank measured here alike
+    # (VmRSS after import torch and a group of one; the ranks also hold calibrate's own modules): 10 %.
+    process = parse_memory(profile["gpu"]["cpu_process"])
+    assert process == pytest.approx(measured_rss(tmp_path), rel=0.10)
+    assert loaded.overheads.cpu_process == process  # the profile's figure, not the development machine's
     one_rank = load_case({**case, "cluster": {"profile": str(out), "num_gpus": 1},
                           "layout": {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": 2}})
     assert one_rank.cluster.gpu.performance.gemm_efficiency == profile["alone"]["performance"]["gemm_efficiency"]
