@@ -33,7 +33,7 @@ from planner.case import load_case
 from planner.case_cluster import gpu_from_profile
 from planner.errors import CaseError
 from planner.units import parse_memory
-from tests.test_cpu_process_memory import measured_rss
+from process_rss import measured_rss
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,6 @@ context. A CPU profile of 12.6 GB was left 11.4 GB usable: 1 GiB of CUDA context
 has none."""
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -14,31 +13,9 @@ from cost_models.memory import outside_allocator, usable_bytes
 from cost_models.training_spec import Overheads
 from cost_models.hardware import GPUSpec
 from planner.case_cluster import gpu_from_profile
+from process_rss import measured_rss
 
 DEV_PROFILE = Path(__file__).resolve().parents[1] / "calibration" / "profiles" / "cpu-2core-dev.yaml"
-
-# A fresh rank as calibration/train.py starts one: torch imported, a gloo group of one, no model tensor yet.
-RSS = """
-import os, torch, torch.distributed as dist
-# A file store, not a port: the suite's other workers start groups of their own beside this one.
-dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=0, world_size=1)
-dist.barrier()
-print(next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS")))
-dist.destroy_process_group()
-"""
-
-
-def measured_rss(folder: Path) -> float:
-    """Median resident set (bytes) of three fresh processes."""
-    runs = []
-    for run in range(3):
-        out = subprocess.run([sys.executable, "-c", RSS], env={**__import__("os").environ,
-                                                                 "STORE": str(folder / f"store{run}")},
-                             capture_output=True, text=True, timeout=120, check=True)
-        runs.append(float(out.stdout.split()[-1]))
-    return statistics.median(runs)
-
-
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="VmRSS is Linux's")
