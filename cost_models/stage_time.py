@@ -124,13 +124,6 @@ def cp_torch_collectives(model: ModelSpec, training: TrainingSpec, tp: int, cp: 
     return {"forward": kv, "backward": backward}
 
 
-def cp_torch_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
-                               micro_batch_size: int, core: float) -> float:
-    """Context-parallel time one layer cannot hide, forward and backward, for one micro-batch whose
-    attention core's forward takes ``core``, under a torch exchange (:func:`cp_torch_exposed_passes`)."""
-    return sum(cp_torch_exposed_passes(model, training, cluster, tp, cp, micro_batch_size, core))
-
-
 def cp_torch_exposed_passes(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                             micro_batch_size: int, core: float) -> tuple[float, float]:
     """Context-parallel time one layer cannot hide, (forward, backward), for one micro-batch whose

@@ -11,6 +11,7 @@ from typing import Any, Optional, Union
 
 from cost_models.memory import job_stage_parameters
 from cost_models.model_states import folds_gradients_into_fp32, fp32_gradients
+from cost_models.quantization import activation_bytes
 from cost_models.specs import Layout
 
 from planner.fields import read_int as integer
@@ -949,8 +950,8 @@ def communication_bytes(src: str, config: dict, precision: str) -> float:
     if said is not None:
         return COMM_BYTES[said]
     # The case's precision, which the config's bf16/fp16 sections must train in (read_layout checks
-    # it; "auto" is the Trainer's, from the same precision): fp8 runs under bf16.
-    return 2.0 if precision in ("bf16", "fp16", "fp8") else 4.0
+    # it; "auto" is the Trainer's, from the same precision): the model's dtype, 16-bit unless fp32.
+    return float(activation_bytes(precision))
 
 
 def runs_bf16_optimizer_with_bf16_gradients(src: str, config: dict, pp: int) -> bool:
